@@ -1,1 +1,80 @@
+//! Fair, crash-safe distributed semaphores on Redis and Valkey.
+//!
+//! When several replicas share a downstream that allows only N calls at once — a licensed
+//! API, a fragile legacy service, a GPU pool — the limit has to live where they all see it.
+//! `redsem` keeps it in Redis:
+//!
+//! - **FIFO**: acquirers are served in ticket order across all processes;
+//! - **leases**: a crashed holder's slot comes back within one lease, a crashed waiter leaves
+//!   the queue; live leases are renewed by one batched call per process;
+//! - **targeted wake-up**: a release grants the next tickets inside the same Redis script and
+//!   notifies only the process that owns each granted ticket, which starts without another
+//!   round trip — a constant number of round trips per acquisition whatever the number of
+//!   waiters;
+//! - **slots and fencing tokens** on every permit, for device pools and for resources that
+//!   must reject a holder paused past its lease;
+//! - **one limit** stored in Redis for every replica, resizable live;
+//! - `tokio::sync::Semaphore`-style API: [`acquire`](Semaphore::acquire),
+//!   [`try_acquire`](Semaphore::try_acquire), [`acquire_many`](Semaphore::acquire_many),
+//!   RAII [`Permit`]s, documented cancel safety.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn call_licensed_api(_slot: u32) {}
+//! #[tokio::main]
+//! async fn main() -> Result<(), redsem::Error> {
+//!     let client = redsem::Client::connect("redis://127.0.0.1:6379/").await?;
+//!     // At most 4 calls at once, across every process that opens "licensed-api".
+//!     let sem = client
+//!         .semaphore("licensed-api", 4)
+//!         .lease(Duration::from_secs(10))
+//!         .open()
+//!         .await?;
+//!
+//!     let permit = sem.acquire().await?; // waits in FIFO order
+//!     let slot = permit.slots()[0]; // 0..4, unique among live holders
+//!     // The work is cancelled if the slot is lost (its lease could not be renewed).
+//!     permit.run(call_licensed_api(slot)).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # How it works
+//!
+//! Every state change is one Lua script run atomically by Redis, with time from Redis `TIME`.
+//! Each script first *reaps* expired leases, then grants the head of the queue while capacity
+//! allows, then publishes each grant on the channel of the client that owns the waiter. See
+//! [`guide`] for choosing leases, the failure model and the guarantees, and
+//! [`fencing`] for protecting a resource against paused holders.
+//!
+//! # Cost
+//!
+//! Per process: two Redis connections (commands, notifications) and one background task for
+//! releases, plus one heartbeat task per open semaphore handle. Per acquisition: one script
+//! call, plus one to release. Per process and semaphore: one batched renewal call per renewal
+//! interval while holding, and per fallback interval while waiting.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
+mod client;
+mod driver;
+mod error;
+pub mod fencing;
+pub mod guide;
+mod heartbeat;
+mod keys;
+mod notifier;
+mod permit;
+mod scripts;
+mod semaphore;
+mod stats;
+
+pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
+pub use error::{BackendError, Error, LostReason};
+pub use keys::MAX_NAME_LEN;
+pub use permit::{Fence, Permit};
+pub use semaphore::{MAX_LIMIT, Semaphore, SemaphoreBuilder};
+pub use stats::{HolderInfo, Stats, WaiterInfo};

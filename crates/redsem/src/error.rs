@@ -1,0 +1,200 @@
+//! The crate's error type.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a held permit's slot is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// A renewal reached Redis and found the entry missing: the lease expired before it could
+    /// be renewed (this process was paused or too slow), an operator force-released it, or
+    /// Redis lost its data. Another process may hold the slot now.
+    NotHolder,
+    /// Renewals failed (Redis unreachable or too slow) until the lease could have expired on
+    /// the server. The slot may or may not still be held; it must be treated as lost.
+    Unreachable,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::NotHolder => "the renewal found the lease gone (expired or removed)",
+            LostReason::Unreachable => {
+                "renewals failed until the lease could have expired (Redis unreachable or slow)"
+            }
+        })
+    }
+}
+
+/// Everything that can go wrong, each variant saying what to do about it.
+///
+/// The variants that describe bad input ([`InvalidArgument`](Error::InvalidArgument),
+/// [`TooManyPermits`](Error::TooManyPermits), [`LimitConflict`](Error::LimitConflict)) are
+/// returned before anything is queued. No error leaves a slot, a queue entry or a task behind:
+/// what was written is removed in the background, or expires with its lease.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument or a configuration value is out of range. The message says which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The semaphore exists in Redis with another limit. All replicas must agree on one
+    /// limit: open it with the stored limit, or change it for everyone with
+    /// [`Semaphore::resize`](crate::Semaphore::resize).
+    #[error(
+        "semaphore {name:?} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it"
+    )]
+    LimitConflict {
+        /// The semaphore's name.
+        name: String,
+        /// The limit this process asked for.
+        requested: u32,
+        /// The limit stored in Redis, shared by every replica.
+        stored: u32,
+    },
+
+    /// More permits were requested at once than the semaphore's limit: such a request could
+    /// never be granted.
+    #[error("requested {requested} permits at once, but the limit is {limit}")]
+    TooManyPermits {
+        /// Permits requested.
+        requested: u32,
+        /// The semaphore's limit at the time of the request.
+        limit: u32,
+    },
+
+    /// `try_acquire`: no capacity right now (or other acquirers are queued, and FIFO order
+    /// puts them first).
+    #[error("no permits available right now")]
+    NoPermits,
+
+    /// The acquire did not succeed within its timeout; its place in the queue was given up.
+    #[error("timed out after {0:?} waiting for permits")]
+    Timeout(Duration),
+
+    /// The permit's slot was lost while the work ran (see [`LostReason`]).
+    #[error("the semaphore slot was lost: {0}")]
+    LeaseLost(LostReason),
+
+    /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close).
+    #[error("the semaphore was closed")]
+    Closed,
+
+    /// A key of the semaphore holds a value of another type: another program uses the same
+    /// key names. Pick another name or key prefix, or delete the foreign keys.
+    #[error(
+        "a key of semaphore {name:?} holds another type of value ({detail}): use another name or key prefix"
+    )]
+    WrongType {
+        /// The semaphore's name.
+        name: String,
+        /// What Redis said.
+        detail: String,
+    },
+
+    /// The Redis user may not run a command or touch a key or channel that redsem needs.
+    /// Grant the rule documented in the README's Security section.
+    #[error(
+        "Redis refused a command for lack of permission ({0}): grant the ACL rule from the README's Security section"
+    )]
+    NoPermission(String),
+
+    /// Authentication failed: check the user name and password in the URL.
+    #[error("Redis authentication failed ({0}): check the user name and password in the URL")]
+    Auth(String),
+
+    /// Redis could not be reached, or did not answer in time. Check that the server runs and
+    /// that the URL is right; calls can be retried.
+    #[error("Redis is unreachable or did not answer in time: {0}")]
+    Unreachable(BackendError),
+
+    /// Any other error reported by Redis or the client.
+    #[error("Redis error: {0}")]
+    Backend(BackendError),
+}
+
+impl Error {
+    /// True for errors that may go away by themselves (Redis unreachable or slow): retrying
+    /// the same call later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Unreachable(_) | Error::Timeout(_) | Error::NoPermits
+        )
+    }
+
+    pub(crate) fn from_redis(err: redis::RedisError, name: &str) -> Error {
+        let text = err.to_string();
+        let code = err.code().unwrap_or("");
+        if err.is_timeout()
+            || err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || code == "LOADING"
+            || code == "BUSY"
+        {
+            return Error::Unreachable(BackendError(err));
+        }
+        if code == "WRONGTYPE" || text.contains("WRONGTYPE") {
+            return Error::WrongType {
+                name: name.to_owned(),
+                detail: err.detail().unwrap_or(&text).to_owned(),
+            };
+        }
+        if code == "NOPERM"
+            || text.contains("NOPERM")
+            || text.contains("no permissions")
+            || text.contains("can't run this command")
+        {
+            return Error::NoPermission(text);
+        }
+        if matches!(err.kind(), redis::ErrorKind::AuthenticationFailed)
+            || code == "WRONGPASS"
+            || code == "NOAUTH"
+        {
+            return Error::Auth(text);
+        }
+        Error::Backend(BackendError(err))
+    }
+}
+
+/// An error from Redis or the Redis client, kept opaque so that the client library can be
+/// upgraded without breaking this crate's API. Its `Display` says what Redis said.
+pub struct BackendError(redis::RedisError);
+
+impl BackendError {
+    pub(crate) fn timed_out(what: String) -> BackendError {
+        BackendError(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            what,
+        )))
+    }
+    /// True when the call did not get an answer in time.
+    pub fn is_timeout(&self) -> bool {
+        self.0.is_timeout()
+    }
+    /// True when the connection failed, was refused or dropped.
+    pub fn is_connection(&self) -> bool {
+        self.0.is_io_error() || self.0.is_connection_dropped() || self.0.is_connection_refusal()
+    }
+    /// The error code Redis replied with (`ERR`, `READONLY`, ...), if the server replied.
+    pub fn code(&self) -> Option<&str> {
+        self.0.code()
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for BackendError {}

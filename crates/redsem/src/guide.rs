@@ -1,0 +1,1 @@
+//! Guide (written below).

@@ -1,0 +1,121 @@
+//! Key and channel names of one semaphore.
+//!
+//! Every key and every notification channel of a semaphore share one hash tag,
+//! `{<name>}`, so that a Redis Cluster keeps them on one shard and a script may touch all of
+//! them. The layout is `<prefix>:{<name>}:<suffix>`:
+//!
+//! | suffix | type | content |
+//! |---|---|---|
+//! | `cfg` | hash | `limit`, `ver`, `seq` (ticket counter), `grants`, `expired` |
+//! | `queue` | sorted set | waiting tickets, scored by ticket number (FIFO order) |
+//! | `exp` | sorted set | leases of holders and waiters, scored by expiry (ms, Redis `TIME`) |
+//! | `meta` | hash | id → JSON record of the holder or waiter |
+//! | `slots` | hash | slot number → id of its holder |
+//! | `free` | sorted set | free slot numbers below the limit |
+//! | `fence` | hash | slot number → generation (the fencing token) |
+//! | `c:<client>` | channel | grants for the waiters of one client process |
+
+use crate::error::Error;
+
+/// Longest accepted semaphore name, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
+/// The names of one semaphore's keys and of its notification channels.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    pub(crate) name: String,
+    /// The seven keys, in the order every script expects them (see `scripts/prelude.lua`).
+    pub(crate) all: [String; 7],
+    /// Prefix of the per-client notification channels; a client appends its own id.
+    pub(crate) channel_base: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Result<Keys, Error> {
+        validate_name(name)?;
+        let base = format!("{prefix}:{{{name}}}:");
+        let k = |suffix: &str| format!("{base}{suffix}");
+        Ok(Keys {
+            name: name.to_owned(),
+            all: [
+                k("cfg"),
+                k("queue"),
+                k("exp"),
+                k("meta"),
+                k("slots"),
+                k("free"),
+                k("fence"),
+            ],
+            channel_base: k("c:"),
+        })
+    }
+
+    pub(crate) fn channel(&self, client_id: &str) -> String {
+        format!("{}{}", self.channel_base, client_id)
+    }
+}
+
+/// Checks a semaphore name: 1 to [`MAX_NAME_LEN`] bytes, no braces (they would break the
+/// hash tag), no whitespace or control characters.
+pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
+    let bad = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "semaphore name {name:?} {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("is empty: give the semaphore the name of what it protects");
+    }
+    if name.len() > MAX_NAME_LEN {
+        return bad(&format!(
+            "is {} bytes long; the maximum is {MAX_NAME_LEN}",
+            name.len()
+        ));
+    }
+    if name.contains(['{', '}']) {
+        return bad("contains '{' or '}', which would break the Redis Cluster hash tag");
+    }
+    if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("contains whitespace or control characters");
+    }
+    Ok(())
+}
+
+/// Checks a key prefix: non-empty, at most 64 bytes, no braces, whitespace or colons at the end.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty()
+        || prefix.len() > 64
+        || prefix.contains(['{', '}'])
+        || prefix.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "key prefix {prefix:?} must be 1 to 64 bytes without braces or whitespace"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = Keys::new("redsem", "gpu").unwrap();
+        for key in &k.all {
+            assert!(key.starts_with("redsem:{gpu}:"), "{key}");
+        }
+        assert_eq!(k.channel("abc"), "redsem:{gpu}:c:abc");
+    }
+
+    #[test]
+    fn bad_names_are_rejected() {
+        for name in ["", "a{b", "x}", "with space", &"n".repeat(MAX_NAME_LEN + 1)] {
+            assert!(matches!(
+                Keys::new("redsem", name),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        assert!(Keys::new("redsem", &"n".repeat(MAX_NAME_LEN)).is_ok());
+    }
+}

@@ -1,0 +1,39 @@
+-- acquire: take a ticket (or, in try mode, take capacity only if it is free now).
+-- ARGV (after the common header): 4 id, 5 n, 6 holder lease ms, 7 waiter lease ms,
+--   8 client channel suffix, 9 label, 10 mode ("wait" | "try")
+-- Reply: {1, slots, fences}           granted now
+--        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
+--        {-1}                         try mode: no capacity (or others are queued: FIFO)
+--        {-2, limit}                  n exceeds the limit
+-- Idempotent per id: re-sending the same id returns the entry's current state.
+local id, n = ARGV[4], tonumber(ARGV[5])
+local now = now_ms()
+local limit = load_limit()
+settle(now, limit, nil)
+if n > limit then return { -2, limit } end
+
+local m = get_meta(id)
+if m then
+  if m.s then return held_reply(m) end
+  return { 0, m.t, next_expiry(now) }
+end
+
+m = { n = n, c = ARGV[8], l = tonumber(ARGV[6]), w = tonumber(ARGV[7]), lb = ARGV[9], q = now }
+if ARGV[10] == 'try' then
+  if redis.call('ZCARD', K_QUEUE) > 0 then return { -1 } end
+  if redis.call('HLEN', K_SLOTS) + n > limit then return { -1 } end
+  m.t = 0
+  grant(id, m, now)
+  return held_reply(m)
+end
+
+m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
+redis.call('ZADD', K_QUEUE, m.t, id)
+redis.call('ZADD', K_EXP, now + m.w, id)
+redis.call('HSET', K_META, id, cjson.encode(m))
+local out = pump(now, limit)
+publish(out, id)
+for _, r in ipairs(out) do
+  if r[1] == id then return held_reply(r[2]) end
+end
+return { 0, m.t, next_expiry(now) }

@@ -1,0 +1,328 @@
+//! The Lua scripts and their typed wrappers.
+//!
+//! Every state change is one of these scripts, run atomically by Redis. Each `.lua` file
+//! beside this one documents its ARGV and reply; `prelude.lua` (reaping, FIFO granting,
+//! targeted publishing) is prepended to each. The wrappers here are the only code that
+//! builds script arguments and parses replies.
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+
+use crate::keys::Keys;
+
+const PRELUDE: &str = include_str!("prelude.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("acquire.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("renew.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("release.lua")));
+static OPEN: LazyLock<Script> = LazyLock::new(|| script(include_str!("open.lua")));
+static RESIZE: LazyLock<Script> = LazyLock::new(|| script(include_str!("resize.lua")));
+static STATS: LazyLock<Script> = LazyLock::new(|| script(include_str!("stats.lua")));
+
+/// The connection every script runs on.
+pub(crate) type Conn = redis::aio::ConnectionManager;
+
+/// What a script needs to address one semaphore: its keys, the limit to (re)create it with,
+/// and how grants are published.
+pub(crate) struct Target<'a> {
+    pub(crate) keys: &'a Keys,
+    pub(crate) limit: u32,
+    pub(crate) publish: &'static str,
+}
+
+async fn invoke(
+    conn: &mut Conn,
+    script: &Script,
+    t: &Target<'_>,
+    args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+) -> redis::RedisResult<Value> {
+    let mut inv = script.prepare_invoke();
+    for k in &t.keys.all {
+        inv.key(k);
+    }
+    inv.arg(t.limit).arg(&t.keys.channel_base).arg(t.publish);
+    args(&mut inv);
+    inv.invoke_async(conn).await
+}
+
+/// A granted entry's slots and their fencing generations (same order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) slots: Vec<u32>,
+    pub(crate) fences: Vec<u64>,
+}
+
+/// Reply of `acquire.lua`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    Granted(Grant),
+    Queued {
+        ticket: u64,
+        next_expiry_ms: Option<u64>,
+    },
+    NoCapacity,
+    TooMany {
+        limit: u32,
+    },
+}
+
+/// Parameters of one acquisition.
+pub(crate) struct AcquireArgs<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) n: u32,
+    pub(crate) lease_ms: u64,
+    pub(crate) wait_lease_ms: u64,
+    pub(crate) client_channel: &'a str,
+    pub(crate) label: &'a str,
+    pub(crate) try_only: bool,
+}
+
+pub(crate) async fn acquire(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    a: &AcquireArgs<'_>,
+) -> redis::RedisResult<AcquireReply> {
+    let v = invoke(conn, &ACQUIRE, t, |inv| {
+        inv.arg(a.id)
+            .arg(a.n)
+            .arg(a.lease_ms)
+            .arg(a.wait_lease_ms)
+            .arg(a.client_channel)
+            .arg(a.label)
+            .arg(if a.try_only { "try" } else { "wait" });
+    })
+    .await?;
+    let items = array(&v)?;
+    Ok(match int(items.first())? {
+        1 => AcquireReply::Granted(grant(items)?),
+        0 => AcquireReply::Queued {
+            ticket: int(items.get(1))? as u64,
+            next_expiry_ms: expiry(int(items.get(2))?),
+        },
+        -1 => AcquireReply::NoCapacity,
+        -2 => AcquireReply::TooMany {
+            limit: int(items.get(1))? as u32,
+        },
+        _ => return Err(unexpected(&v)),
+    })
+}
+
+/// One entry's state in a renewal reply.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum EntryState {
+    Held(Grant),
+    Waiting,
+    Gone,
+}
+
+/// Renews (never re-creates) the listed entries. Returns the time to the nearest lease expiry
+/// and one state per id.
+pub(crate) async fn renew(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    ids: &[&str],
+) -> redis::RedisResult<(Option<u64>, Vec<EntryState>)> {
+    let v = invoke(conn, &RENEW, t, |inv| {
+        for id in ids {
+            inv.arg(*id);
+        }
+    })
+    .await?;
+    let items = array(&v)?;
+    let next = expiry(int(items.first())?);
+    let states = array(items.get(1).ok_or_else(|| unexpected(&v))?)?
+        .iter()
+        .map(|s| {
+            let s = array(s)?;
+            Ok(match int(s.first())? {
+                1 => EntryState::Held(grant(s)?),
+                0 => EntryState::Waiting,
+                _ => EntryState::Gone,
+            })
+        })
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    if states.len() != ids.len() {
+        return Err(unexpected(&v));
+    }
+    Ok((next, states))
+}
+
+/// Removes holders or queued waiters (idempotent). `force` advances the slots' fences.
+/// Returns how many existed.
+pub(crate) async fn release(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    ids: &[&str],
+    force: bool,
+) -> redis::RedisResult<u64> {
+    let v = invoke(conn, &RELEASE, t, |inv| {
+        inv.arg(if force { "1" } else { "0" });
+        for id in ids {
+            inv.arg(*id);
+        }
+    })
+    .await?;
+    Ok(int(Some(&v))? as u64)
+}
+
+/// Checks key types, creates the semaphore if missing; returns (stored limit, created).
+pub(crate) async fn open(conn: &mut Conn, t: &Target<'_>) -> redis::RedisResult<(u32, bool)> {
+    let v = invoke(conn, &OPEN, t, |_| {}).await?;
+    let items = array(&v)?;
+    Ok((int(items.first())? as u32, int(items.get(1))? == 1))
+}
+
+/// Sets the stored limit; returns the previous one.
+pub(crate) async fn resize(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    new_limit: u32,
+) -> redis::RedisResult<u32> {
+    let v = invoke(conn, &RESIZE, t, |inv| {
+        inv.arg(new_limit);
+    })
+    .await?;
+    Ok(int(Some(&v))? as u32)
+}
+
+/// Raw snapshot from `stats.lua`.
+pub(crate) struct RawStats {
+    pub(crate) now_ms: u64,
+    pub(crate) limit: u32,
+    pub(crate) in_use: u32,
+    pub(crate) grants: u64,
+    pub(crate) expired: u64,
+    pub(crate) holders_json: String,
+    pub(crate) waiters_json: String,
+}
+
+pub(crate) async fn stats(conn: &mut Conn, t: &Target<'_>) -> redis::RedisResult<RawStats> {
+    let v = invoke(conn, &STATS, t, |_| {}).await?;
+    let items = array(&v)?;
+    Ok(RawStats {
+        now_ms: int(items.first())? as u64,
+        limit: int(items.get(1))? as u32,
+        in_use: int(items.get(2))? as u32,
+        grants: int(items.get(3))? as u64,
+        expired: int(items.get(4))? as u64,
+        holders_json: string(items.get(5))?,
+        waiters_json: string(items.get(6))?,
+    })
+}
+
+fn expiry(ms: i64) -> Option<u64> {
+    (ms >= 0).then_some(ms as u64)
+}
+
+fn grant(items: &[Value]) -> redis::RedisResult<Grant> {
+    let ints = |v: Option<&Value>| -> redis::RedisResult<Vec<i64>> {
+        array(v.ok_or_else(|| unexpected(&Value::Nil))?)?
+            .iter()
+            .map(|x| int(Some(x)))
+            .collect()
+    };
+    Ok(Grant {
+        slots: ints(items.get(1))?.into_iter().map(|s| s as u32).collect(),
+        fences: ints(items.get(2))?.into_iter().map(|f| f as u64).collect(),
+    })
+}
+
+fn array(v: &Value) -> redis::RedisResult<&[Value]> {
+    match v {
+        Value::Array(items) => Ok(items),
+        // Lua's empty table comes back as an empty array, or as nil in some versions
+        Value::Nil => Ok(&[]),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn int(v: Option<&Value>) -> redis::RedisResult<i64> {
+    match v {
+        Some(Value::Int(i)) => Ok(*i),
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected(&Value::BulkString(b.clone()))),
+        other => Err(unexpected(other.unwrap_or(&Value::Nil))),
+    }
+}
+
+fn string(v: Option<&Value>) -> redis::RedisResult<String> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        other => Err(unexpected(other.unwrap_or(&Value::Nil))),
+    }
+}
+
+fn unexpected(v: &Value) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply from a redsem script (is another redsem protocol version using these keys?)",
+        format!("{v:?}"),
+    ))
+}
+
+/// A message published on a client channel: grants and rejections for that client's waiters.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Granted { id: String, grant: Grant },
+    Rejected { id: String },
+}
+
+/// Parses `g:<id>:<slots>:<fences>;x:<id>;...` (see `publish` in prelude.lua).
+pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
+    fn nums<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
+        if s.is_empty() {
+            return Some(Vec::new());
+        }
+        s.split(',').map(|x| x.parse().ok()).collect()
+    }
+    payload
+        .split(';')
+        .filter_map(|rec| {
+            let mut parts = rec.split(':');
+            match (parts.next()?, parts.next()?) {
+                ("g", id) => {
+                    let slots = nums(parts.next()?)?;
+                    let fences = nums(parts.next()?)?;
+                    Some(Notice::Granted {
+                        id: id.to_owned(),
+                        grant: Grant { slots, fences },
+                    })
+                }
+                ("x", id) => Some(Notice::Rejected { id: id.to_owned() }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_parse() {
+        let n = parse_notices("g:ab:0,3:7,1;x:cd");
+        assert_eq!(
+            n,
+            vec![
+                Notice::Granted {
+                    id: "ab".into(),
+                    grant: Grant {
+                        slots: vec![0, 3],
+                        fences: vec![7, 1]
+                    }
+                },
+                Notice::Rejected { id: "cd".into() }
+            ]
+        );
+        assert!(parse_notices("garbage").is_empty());
+    }
+}

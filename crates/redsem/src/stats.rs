@@ -1,0 +1,170 @@
+//! [`Stats`]: a snapshot of one semaphore as stored in Redis.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::permit::Fence;
+use crate::scripts::RawStats;
+
+/// A consistent snapshot of one semaphore, taken by one script run (expired entries are
+/// reaped first, so every holder listed has a valid lease).
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The semaphore's name.
+    pub name: String,
+    /// The limit stored in Redis.
+    pub limit: u32,
+    /// Permits held now.
+    pub in_use: u32,
+    /// Permits free now (`limit − in_use`, 0 while over a shrunk limit).
+    pub available: u32,
+    /// Holders, oldest acquisition first.
+    pub holders: Vec<HolderInfo>,
+    /// Waiters, in queue (FIFO) order.
+    pub waiters: Vec<WaiterInfo>,
+    /// Grants made since the semaphore was created.
+    pub grants_total: u64,
+    /// Entries (holders and waiters) removed because their lease expired, since creation.
+    pub expired_total: u64,
+    /// Redis server time of the snapshot, in milliseconds since the Unix epoch.
+    pub server_time_ms: u64,
+}
+
+impl Stats {
+    /// How long the head of the queue has waited, if anyone waits.
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        self.waiters.first().map(|w| w.waited)
+    }
+}
+
+/// One holder in [`Stats`].
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// Holder id (see [`Permit::holder_id`](crate::Permit::holder_id)).
+    pub id: String,
+    /// The label of the process that holds it.
+    pub label: String,
+    /// Permits held.
+    pub permits: u32,
+    /// Slots and their fencing tokens.
+    pub fences: Vec<Fence>,
+    /// Time since the grant.
+    #[serde(with = "millis")]
+    pub held: Duration,
+    /// Time until its lease expires unless renewed.
+    #[serde(with = "millis")]
+    pub lease_left: Duration,
+}
+
+/// One waiter in [`Stats`].
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct WaiterInfo {
+    /// Waiter id (it becomes the holder id when granted).
+    pub id: String,
+    /// The label of the process that waits.
+    pub label: String,
+    /// Permits requested.
+    pub permits: u32,
+    /// Position in the queue, 0 = next to be granted.
+    pub position: usize,
+    /// Ticket number (FIFO order across all processes).
+    pub ticket: u64,
+    /// Time since it joined the queue.
+    #[serde(with = "millis")]
+    pub waited: Duration,
+    /// Time until its lease expires unless renewed (a crashed waiter leaves the queue then).
+    #[serde(with = "millis")]
+    pub lease_left: Duration,
+}
+
+mod millis {
+    use serde::Serializer;
+    use std::time::Duration;
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEntry {
+    id: String,
+    n: u32,
+    #[serde(default)]
+    lb: String,
+    #[serde(default)]
+    t: f64,
+    #[serde(default)]
+    q: f64,
+    #[serde(default)]
+    a: Option<f64>,
+    #[serde(default)]
+    s: Option<Vec<f64>>,
+    #[serde(default)]
+    f: Option<Vec<f64>>,
+    #[serde(default)]
+    e: Option<f64>,
+}
+
+impl Stats {
+    pub(crate) fn from_raw(name: &str, raw: RawStats) -> Result<Stats, Error> {
+        let parse = |json: &str| -> Result<Vec<RawEntry>, Error> {
+            serde_json::from_str(json).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "semaphore {name:?}: unreadable entry in Redis ({e}); is another protocol version using these keys?"
+                ))
+            })
+        };
+        let now = raw.now_ms as f64;
+        let ms = |t: f64| Duration::from_millis((t.max(0.0)) as u64);
+        let mut holders: Vec<HolderInfo> = parse(&raw.holders_json)?
+            .into_iter()
+            .map(|e| HolderInfo {
+                fences: e
+                    .s
+                    .unwrap_or_default()
+                    .iter()
+                    .zip(e.f.unwrap_or_default())
+                    .map(|(&s, g)| Fence {
+                        slot: s as u32,
+                        generation: g as u64,
+                    })
+                    .collect(),
+                held: ms(now - e.a.unwrap_or(now)),
+                lease_left: ms(e.e.unwrap_or(now) - now),
+                id: e.id,
+                label: e.lb,
+                permits: e.n,
+            })
+            .collect();
+        holders.sort_by(|a, b| b.held.cmp(&a.held));
+        let waiters = parse(&raw.waiters_json)?
+            .into_iter()
+            .enumerate()
+            .map(|(position, e)| WaiterInfo {
+                waited: ms(now - e.q),
+                lease_left: ms(e.e.unwrap_or(now) - now),
+                ticket: e.t as u64,
+                id: e.id,
+                label: e.lb,
+                permits: e.n,
+                position,
+            })
+            .collect();
+        Ok(Stats {
+            name: name.to_owned(),
+            limit: raw.limit,
+            in_use: raw.in_use,
+            available: raw.limit.saturating_sub(raw.in_use),
+            holders,
+            waiters,
+            grants_total: raw.grants,
+            expired_total: raw.expired,
+            server_time_ms: raw.now_ms,
+        })
+    }
+}
