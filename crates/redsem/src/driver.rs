@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::notifier::Notifier;
 use crate::scripts::{self, Conn};
@@ -21,6 +21,9 @@ pub(crate) enum Msg {
     Release { core: Arc<Core>, id: String },
     /// A semaphore handle was dropped: stop listening on its channel.
     Unsubscribe { channel: String },
+    /// Answer once every message sent before this one has been handled
+    /// ([`Client::flush_releases`](crate::Client::flush_releases)).
+    Flush(oneshot::Sender<()>),
 }
 
 /// Sender side, held by the client.
@@ -41,6 +44,15 @@ impl Driver {
     pub(crate) fn send(&self, msg: Msg) {
         let _ = self.tx.send(msg);
     }
+
+    /// Resolves once every message sent before this call has been handled (at once if the
+    /// task is gone).
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Msg::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
 }
 
 const MAX_BATCH: usize = 256;
@@ -52,6 +64,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Msg>, conn: Conn, notifier: Arc<Not
         // group releases by semaphore, keeping arrival order within each
         let mut groups: Vec<(Arc<Core>, Vec<String>)> = Vec::new();
         let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut flushed = Vec::new();
         for msg in buf.drain(..) {
             match msg {
                 Msg::Release { core, id } => {
@@ -65,10 +78,14 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Msg>, conn: Conn, notifier: Arc<Not
                     }
                 }
                 Msg::Unsubscribe { channel } => notifier.unsubscribe(&channel).await,
+                Msg::Flush(done) => flushed.push(done),
             }
         }
         for (core, ids) in groups {
             release_with_retry(conn.clone(), &core, &ids).await;
+        }
+        for done in flushed {
+            let _ = done.send(());
         }
     }
 }

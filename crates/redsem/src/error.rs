@@ -82,6 +82,20 @@ pub enum Error {
     #[error("the semaphore was closed")]
     Closed,
 
+    /// The semaphore does not exist under the client's key prefix (returned by the
+    /// operator functions of [`Client`](crate::Client), such as
+    /// [`inspect`](crate::Client::inspect), which never create one). Check the name and the
+    /// key prefix.
+    #[error(
+        "no semaphore named {name:?} under key prefix {prefix:?} (check the name and the key prefix)"
+    )]
+    UnknownSemaphore {
+        /// The semaphore's name.
+        name: String,
+        /// The key prefix that was searched.
+        prefix: String,
+    },
+
     /// A key of the semaphore holds a value of another type: another program uses the same
     /// key names. Pick another name or key prefix, or delete the foreign keys.
     #[error(

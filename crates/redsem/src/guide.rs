@@ -1,1 +1,81 @@
-//! Guide (written below).
+//! # Guide: choosing a limit, a lease, and knowing what can go wrong
+//!
+//! This module holds documentation only.
+//!
+//! ## Which concurrency limit does this need?
+//!
+//! | what must be limited | use |
+//! |---|---|
+//! | calls at once, inside one process | [`tokio::sync::Semaphore`]: no network, nanoseconds |
+//! | calls at once, across every replica, fairly | a [`Semaphore`](crate::Semaphore): one round trip to acquire, one to release |
+//! | …and exceeding the limit causes damage, not just load | a [`Semaphore`](crate::Semaphore) **and** [fencing tokens](crate::fencing) checked by the resource: leases alone cannot stop a paused holder |
+//! | calls per second (a rate, not a concurrency) | a rate limiter (token bucket, GCRA), not a semaphore: a different question |
+//!
+//! A distributed semaphore limits *concurrency*, not throughput: with a limit of 4 and 10 ms
+//! calls, 400 calls per second go through.
+//!
+//! Put a local cap ([`SemaphoreBuilder::local_cap`](crate::SemaphoreBuilder::local_cap)) in
+//! front of it when one replica could otherwise queue thousands of tickets.
+//!
+//! ## Choosing the lease and the renewal interval
+//!
+//! The **lease** bounds how long a crashed holder blocks its slot, and how long a crashed
+//! waiter stays in the queue: after `kill -9`, the slot is granted to the next waiter within
+//! one lease of the holder's last renewal (the waiters' process re-checks exactly when the
+//! nearest lease is due, it does not wait for a poll). Shorter is faster recovery.
+//!
+//! The **renewal interval** (default lease / 3, at most lease / 2) bounds how long a healthy
+//! holder can go without reaching Redis. A holder whose renewals all fail — Redis down,
+//! network cut, process paused — declares its permit lost a safety margin (lease / 10, at
+//! most 1 s) *before* the lease could expire on the server, so [`Permit::run`](crate::Permit::run)
+//! cancels the work before another process can be granted the slot, as long as this
+//! process's clock and scheduler keep running. Renewals cost one batched script call per
+//! process per interval, whatever the number of permits held.
+//!
+//! Rules of thumb:
+//! - lease ≥ 3 × the longest pause you want to survive (GC, a slow Redis), and ≥ 4 × the
+//!   99th-percentile round trip to Redis;
+//! - lease ≤ the longest time you accept a slot to stay blocked after a crash;
+//! - the hold itself can be any length: it is the renewals that keep it.
+//!
+//! The **fallback poll** (default 1 s) bounds how long a waiter waits for a grant whose
+//! notification was lost (pub/sub is at-most-once). Each process with waiters makes one
+//! call per interval, whatever the number of its waiters.
+//!
+//! ## What happens on each failure
+//!
+//! | failure | what redsem does | what you see |
+//! |---|---|---|
+//! | holder process killed | its lease expires; the next script run reaps it and grants the slot in FIFO order | the next waiter starts within one lease |
+//! | waiter process killed | its ticket's lease expires and it leaves the queue | the waiters behind it move up within one lease |
+//! | acquire future dropped (timeout, `select!`, task abort) | the ticket is removed in the background; a grant that raced in is released | nothing leaks |
+//! | permit dropped | released in the background (batched) | the next waiter starts within a round trip |
+//! | notification lost, subscriber connection killed | the subscriber reconnects, re-subscribes and re-checks every local waiter; otherwise the fallback poll finds the grant | a delay of at most the fallback interval |
+//! | Redis unreachable while holding | renewals are retried; before the lease could expire the permit is lost with [`LostReason::Unreachable`](crate::LostReason::Unreachable) | `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost), the work is cancelled |
+//! | holder paused past its lease (SIGSTOP, GC, VM freeze) | the server reaps it; the slot goes to the next waiter with a higher fence; on wake-up the renewal finds it gone ([`LostReason::NotHolder`](crate::LostReason::NotHolder)) | between the expiry and the wake-up, the paused holder may still act: only fencing stops it |
+//! | Redis restarted with its data lost | holders' renewals find their entries gone (lost), waiters queue again at the back, the configuration is re-created from the limit the processes opened with | holders lose their slots; fences restart at 1 (use a persistent Redis, or a resource-side fence store that survives) |
+//! | Redis failover to a replica (asynchronous replication) | the last writes may be missing on the new primary: a grant may be forgotten, and its slot granted again | up to `limit` extra holders until the old ones' renewals fail; fencing protects the resource |
+//! | a key replaced by a foreign value | the scripts fail with `WRONGTYPE` | [`Error::WrongType`](crate::Error::WrongType) naming the semaphore |
+//!
+//! ## Guarantees
+//!
+//! - **Limit**: at most `limit` permits are granted at once *among holders whose lease is
+//!   valid in Redis*, always (every grant is decided inside one atomic script, against the
+//!   stored limit).
+//! - **Local safety**: a holder that cannot renew learns it lost the permit before its lease
+//!   can expire in Redis — unless its own process is paused or its clock jumps. With a paused
+//!   holder, more than `limit` processes may *believe* they hold a slot; fencing tokens make
+//!   the resource reject the stale one.
+//! - **FIFO**: permits are granted in ticket order; a multi-permit request at the head blocks
+//!   those behind it (no starvation).
+//! - **Liveness**: a free permit is granted to the head of the queue by the same script that
+//!   freed it; the head's process learns it from a notification, or at the latest within the
+//!   fallback interval.
+//! - **Cleanup**: every entry has a lease; nothing a crashed process wrote outlives it. The
+//!   semaphore's own configuration (limit, free slots, fence generations) stays in Redis.
+//!
+//! ## Protocol
+//!
+//! Keys share the hash tag `{<name>}`: `<prefix>:{<name>}:cfg`, `:queue`, `:exp`, `:meta`,
+//! `:slots`, `:free`, `:fence`; each client handle listens on `<prefix>:{<name>}:c:<id>`.
+//! The Lua scripts beside `src/scripts/mod.rs` document their arguments and replies.

@@ -16,7 +16,11 @@
 //! - **one limit** stored in Redis for every replica, resizable live;
 //! - `tokio::sync::Semaphore`-style API: [`acquire`](Semaphore::acquire),
 //!   [`try_acquire`](Semaphore::try_acquire), [`acquire_many`](Semaphore::acquire_many),
-//!   RAII [`Permit`]s, documented cancel safety.
+//!   RAII [`Permit`]s, documented cancel safety;
+//! - operator functions on [`Client`] that never create a semaphore:
+//!   [`list_semaphores`](Client::list_semaphores), [`inspect`](Client::inspect),
+//!   [`resize_existing`](Client::resize_existing),
+//!   [`force_release_existing`](Client::force_release_existing).
 //!
 //! # Example
 //!
@@ -59,6 +63,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 mod client;
 mod driver;
 mod error;

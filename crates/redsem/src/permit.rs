@@ -100,6 +100,7 @@ pub struct Permit {
     shared: Arc<SemShared>,
     id: String,
     n: u32,
+    ticket: u64,
     fences: Vec<Fence>,
     lease: Arc<LeaseState>,
     _local: Option<OwnedSemaphorePermit>,
@@ -136,6 +137,7 @@ impl Permit {
             shared,
             id,
             n,
+            ticket: grant.ticket,
             fences,
             lease,
             _local: local,
@@ -146,6 +148,12 @@ impl Permit {
     /// The holder id in Redis (as listed by [`Semaphore::stats`](crate::Semaphore::stats)).
     pub fn holder_id(&self) -> &str {
         &self.id
+    }
+
+    /// The ticket this permit was granted under. Tickets are numbered in arrival order
+    /// across all processes, and granted in that order (FIFO).
+    pub fn ticket(&self) -> u64 {
+        self.ticket
     }
 
     /// How many permits this holds.

@@ -1,7 +1,7 @@
 -- acquire: take a ticket (or, in try mode, take capacity only if it is free now).
 -- ARGV (after the common header): 4 id, 5 n, 6 holder lease ms, 7 waiter lease ms,
 --   8 client channel suffix, 9 label, 10 mode ("wait" | "try")
--- Reply: {1, slots, fences}           granted now
+-- Reply: {1, slots, fences, ticket}   granted now
 --        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
 --        {-1}                         try mode: no capacity (or others are queued: FIFO)
 --        {-2, limit}                  n exceeds the limit
@@ -22,7 +22,7 @@ m = { n = n, c = ARGV[8], l = tonumber(ARGV[6]), w = tonumber(ARGV[7]), lb = ARG
 if ARGV[10] == 'try' then
   if redis.call('ZCARD', K_QUEUE) > 0 then return { -1 } end
   if redis.call('HLEN', K_SLOTS) + n > limit then return { -1 } end
-  m.t = 0
+  m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
   grant(id, m, now)
   return held_reply(m)
 end

@@ -50,9 +50,10 @@ async fn invoke(
     inv.invoke_async(conn).await
 }
 
-/// A granted entry's slots and their fencing generations (same order).
+/// A granted entry's ticket, slots and their fencing generations (same order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Grant {
+    pub(crate) ticket: u64,
     pub(crate) slots: Vec<u32>,
     pub(crate) fences: Vec<u64>,
 }
@@ -227,6 +228,7 @@ fn grant(items: &[Value]) -> redis::RedisResult<Grant> {
             .collect()
     };
     Ok(Grant {
+        ticket: int(items.get(3))? as u64,
         slots: ints(items.get(1))?.into_iter().map(|s| s as u32).collect(),
         fences: ints(items.get(2))?.into_iter().map(|f| f as u64).collect(),
     })
@@ -275,7 +277,7 @@ pub(crate) enum Notice {
     Rejected { id: String },
 }
 
-/// Parses `g:<id>:<slots>:<fences>;x:<id>;...` (see `publish` in prelude.lua).
+/// Parses `g:<id>:<ticket>:<slots>:<fences>;x:<id>;...` (see `publish` in prelude.lua).
 pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
     fn nums<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
         if s.is_empty() {
@@ -289,11 +291,16 @@ pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
             let mut parts = rec.split(':');
             match (parts.next()?, parts.next()?) {
                 ("g", id) => {
+                    let ticket = parts.next()?.parse().ok()?;
                     let slots = nums(parts.next()?)?;
                     let fences = nums(parts.next()?)?;
                     Some(Notice::Granted {
                         id: id.to_owned(),
-                        grant: Grant { slots, fences },
+                        grant: Grant {
+                            ticket,
+                            slots,
+                            fences,
+                        },
                     })
                 }
                 ("x", id) => Some(Notice::Rejected { id: id.to_owned() }),
@@ -309,13 +316,14 @@ mod tests {
 
     #[test]
     fn notices_parse() {
-        let n = parse_notices("g:ab:0,3:7,1;x:cd");
+        let n = parse_notices("g:ab:42:0,3:7,1;x:cd");
         assert_eq!(
             n,
             vec![
                 Notice::Granted {
                     id: "ab".into(),
                     grant: Grant {
+                        ticket: 42,
                         slots: vec![0, 3],
                         fences: vec![7, 1]
                     }

@@ -118,14 +118,18 @@ end
 
 -- Publishes each grant to the client that owns the waiter (one message per client), except
 -- the entry `skip` (the caller learns its own grant from the reply).
--- Message: records separated by ';'  "g:<id>:<slots>:<fences>" granted, "x:<id>" rejected.
+-- Message: records separated by ';'  "g:<id>:<ticket>:<slots>:<fences>" granted, "x:<id>" rejected.
 local function publish(out, skip)
   local by_client, order = {}, {}
   for _, r in ipairs(out) do
     local id, m, ok = r[1], r[2], r[3]
     if id ~= skip then
       local rec
-      if ok then rec = 'g:' .. id .. ':' .. join(m.s) .. ':' .. join(m.f) else rec = 'x:' .. id end
+      if ok then
+        rec = 'g:' .. id .. ':' .. string.format('%d', m.t) .. ':' .. join(m.s) .. ':' .. join(m.f)
+      else
+        rec = 'x:' .. id
+      end
       if not by_client[m.c] then by_client[m.c] = {}; order[#order + 1] = m.c end
       table.insert(by_client[m.c], rec)
     end
@@ -153,7 +157,7 @@ local function next_expiry(now)
   return d
 end
 
--- A holder's reply: {1, slots, fences}
+-- A holder's reply: {1, slots, fences, ticket}
 local function held_reply(m)
-  return { 1, m.s or {}, m.f or {} }
+  return { 1, m.s or {}, m.f or {}, m.t }
 end

@@ -2,7 +2,7 @@
 -- listed entry that still exists. Never re-creates an entry that expired or was removed.
 -- ARGV (after the common header): 4.. ids
 -- Reply: {next_expiry_ms, states} with one state per id, in order:
---        {1, slots, fences} holds (a waiter listed here may have been granted meanwhile)
+--        {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --        {0}                still queued
 --        {-1}               gone: expired, released by someone else, or lost with Redis data
 local now = now_ms()

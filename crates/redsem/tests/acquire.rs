@@ -1,0 +1,238 @@
+//! Acquiring: the limit, FIFO order, try_acquire, acquire_many, slots and fences, resize.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+
+const LEASE: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_is_never_exceeded_by_concurrent_tasks() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "limit", 3, LEASE).await;
+        let inside = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let (sem, inside, peak) = (sem.clone(), inside.clone(), peak.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let p = sem.acquire().await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    p.release().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(peak.load(Ordering::SeqCst), 3, "{}", server.flavor());
+        assert_nothing_left(&server, "limit").await;
+        assert_eq!(sem.stats().await.unwrap().grants_total, 100);
+    }
+}
+
+#[tokio::test]
+async fn waiters_are_granted_in_ticket_order() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "fifo", 1, LEASE).await;
+        let first = sem.acquire().await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let (sem, tx) = (sem.clone(), tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = sem.acquire().await.unwrap();
+                tx.send((i, p.ticket())).unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(p);
+            }));
+            // wait until this waiter is queued before starting the next one
+            assert!(eventually(Duration::from_secs(5), || card(&server, "fifo", "queue") == i + 1).await);
+        }
+        drop(first);
+        let mut order = Vec::new();
+        for _ in 0..8 {
+            order.push(rx.recv().await.unwrap());
+        }
+        let tasks_in_order: Vec<i64> = order.iter().map(|o| o.0).collect();
+        assert_eq!(tasks_in_order, (0..8).collect::<Vec<_>>(), "{}", server.flavor());
+        assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "tickets ascend: {order:?}");
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn try_acquire_fails_fast_when_full_or_when_others_queue() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "try", 2, LEASE).await;
+        let a = sem.try_acquire().await.unwrap();
+        let _b = sem.try_acquire().await.unwrap();
+        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        // a queued waiter has priority over a later try_acquire even when a permit frees
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire_many(2).await.unwrap() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "try", "queue") == 1).await);
+        drop(a);
+        assert!(eventually(Duration::from_secs(5), || card(&server, "try", "slots") == 1).await);
+        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        drop(_b);
+        let w = waiter.await.unwrap();
+        assert_eq!(w.num_permits(), 2);
+        assert_eq!(w.slots(), vec![0, 1]);
+        drop(w);
+        assert_nothing_left(&server, "try").await;
+        assert!(sem.try_acquire().await.is_ok());
+    }
+}
+
+#[tokio::test]
+async fn acquire_many_at_the_head_blocks_smaller_requests_behind_it() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "many", 3, LEASE).await;
+        let one = sem.acquire().await.unwrap();
+        let two = sem.acquire().await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let big = {
+            let (sem, tx) = (sem.clone(), tx.clone());
+            tokio::spawn(async move {
+                let p = sem.acquire_many(3).await.unwrap();
+                tx.send("big").unwrap();
+                p
+            })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "many", "queue") == 1).await);
+        let small = {
+            let (sem, tx) = (sem.clone(), tx.clone());
+            tokio::spawn(async move {
+                let p = sem.acquire().await.unwrap();
+                tx.send("small").unwrap();
+                p
+            })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "many", "queue") == 2).await);
+        // one permit is free, but the head needs three: nobody is admitted
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(rx.try_recv().is_err());
+        drop(one);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(rx.try_recv().is_err(), "the small request must not overtake the big one");
+        drop(two);
+        assert_eq!(rx.recv().await, Some("big"));
+        let big = big.await.unwrap();
+        assert_eq!(big.slots(), vec![0, 1, 2]);
+        drop(big);
+        assert_eq!(rx.recv().await, Some("small"));
+        drop(small.await.unwrap());
+        assert_nothing_left(&server, "many").await;
+    }
+}
+
+#[tokio::test]
+async fn slots_are_unique_among_holders_and_fences_advance_per_slot() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "slots", 4, LEASE).await;
+        let held: Vec<_> = [
+            sem.acquire().await.unwrap(),
+            sem.acquire_many(2).await.unwrap(),
+            sem.acquire().await.unwrap(),
+        ]
+        .into();
+        let mut slots: Vec<u32> = held.iter().flat_map(|p| p.slots()).collect();
+        slots.sort();
+        assert_eq!(slots, vec![0, 1, 2, 3]);
+        let gen_of = |p: &redsem::Permit, slot: u32| {
+            p.fences().iter().find(|f| f.slot == slot).map(|f| f.generation)
+        };
+        let first_gen: Vec<u64> = (0..4)
+            .map(|s| held.iter().find_map(|p| gen_of(p, s)).unwrap())
+            .collect();
+        assert_eq!(first_gen, vec![1, 1, 1, 1]);
+        let middle = held[1].slots();
+        drop(held);
+        assert_nothing_left(&server, "slots").await;
+        // the lowest free slot is granted first; its generation is one higher
+        let again = sem.acquire().await.unwrap();
+        assert_eq!(again.fences()[0].slot, 0);
+        assert_eq!(again.fences()[0].generation, 2);
+        assert_eq!(middle.len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn resize_grows_at_once_and_shrinks_as_holders_leave() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "resize", 1, LEASE).await;
+        let a = sem.acquire().await.unwrap();
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "queue") == 1).await);
+        assert_eq!(sem.resize(2).await.unwrap(), 1);
+        let b = tokio::time::timeout(Duration::from_secs(2), waiter).await.unwrap().unwrap();
+        assert_eq!(b.slots(), vec![1]);
+        // shrink to 1 while two hold: nobody is admitted until both are gone... then one
+        assert_eq!(sem.resize(1).await.unwrap(), 2);
+        let stats = sem.stats().await.unwrap();
+        assert_eq!((stats.limit, stats.in_use, stats.available), (1, 2, 0));
+        drop(b);
+        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "slots") == 1).await);
+        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        drop(a);
+        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "slots") == 0).await);
+        let c = sem.try_acquire().await.unwrap();
+        assert_eq!(c.slots(), vec![0]);
+        // a new process must now open with the new limit
+        let other = client.semaphore("resize", 2).open().await;
+        assert!(matches!(other, Err(redsem::Error::LimitConflict { stored: 1, requested: 2, .. })));
+    }
+}
+
+#[tokio::test]
+async fn stats_list_holders_and_waiters_in_queue_order() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client.semaphore("stats", 1).label("worker-a").open().await.unwrap();
+        let held = sem.acquire().await.unwrap();
+        let w1 = { let s = sem.clone(); tokio::spawn(async move { s.acquire().await.map(drop) }) };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "stats", "queue") == 1).await);
+        let w2 = { let s = sem.clone(); tokio::spawn(async move { s.acquire_many(1).await.map(drop) }) };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "stats", "queue") == 2).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let st = sem.stats().await.unwrap();
+        assert_eq!((st.limit, st.in_use, st.available), (1, 1, 0));
+        assert_eq!(st.holders.len(), 1);
+        assert_eq!(st.holders[0].id, held.holder_id());
+        assert_eq!(st.holders[0].label, "worker-a");
+        assert_eq!(st.holders[0].fences, held.fences().to_vec());
+        assert!(st.holders[0].held >= Duration::from_millis(40));
+        assert!(st.holders[0].lease_left > Duration::from_secs(8));
+        assert_eq!(st.waiters.len(), 2);
+        assert_eq!(st.waiters[0].position, 0);
+        assert!(st.waiters[0].ticket < st.waiters[1].ticket);
+        assert!(st.oldest_wait().unwrap() >= Duration::from_millis(40));
+        let json = serde_json::to_value(&st).unwrap();
+        assert_eq!(json["holders"][0]["label"], "worker-a");
+        drop(held);
+        w1.await.unwrap().unwrap();
+        w2.await.unwrap().unwrap();
+    }
+}

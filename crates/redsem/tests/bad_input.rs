@@ -1,0 +1,167 @@
+//! Bad input and hostile environments get a clear, typed error, and leave nothing behind.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use redsem::Error;
+
+fn dbsize(server: &Server) -> i64 {
+    server.cmd(&["DBSIZE"]).as_int().unwrap()
+}
+
+#[tokio::test]
+async fn invalid_arguments_are_rejected_before_touching_redis() {
+    let server = Server::start(Flavor::Redis);
+    let client = client(&server).await;
+    let open = |name: &str, limit: u32| client.semaphore(name, limit);
+    let cases: Vec<(&str, redsem::SemaphoreBuilder)> = vec![
+        ("limit 0", open("x", 0)),
+        ("limit too large", open("x", redsem::MAX_LIMIT + 1)),
+        ("empty name", open("", 1)),
+        ("long name", open(&"n".repeat(redsem::MAX_NAME_LEN + 1), 1)),
+        ("brace in name", open("a{b}", 1)),
+        ("lease shorter than twice the renewal", open("x", 1).lease(Duration::from_secs(1)).renew_every(Duration::from_millis(600))),
+        ("zero renewal", open("x", 1).renew_every(Duration::ZERO)),
+        ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
+        ("zero local cap", open("x", 1).local_cap(0)),
+        ("long label", open("x", 1).label("l".repeat(201))),
+    ];
+    for (what, builder) in cases {
+        match builder.open().await {
+            Err(Error::InvalidArgument(msg)) => assert!(!msg.is_empty(), "{what}"),
+            other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    assert_eq!(dbsize(&server), 0, "a rejected open wrote to Redis");
+
+    let sem = open("ok", 2).open().await.unwrap();
+    let before = dbsize(&server);
+    assert!(matches!(sem.acquire_many(0).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(sem.acquire_many(3).await, Err(Error::TooManyPermits { requested: 3, limit: 2 })));
+    assert!(matches!(sem.try_acquire_many(3).await, Err(Error::TooManyPermits { .. })));
+    assert!(matches!(sem.resize(0).await, Err(Error::InvalidArgument(_))));
+    assert_eq!(dbsize(&server), before);
+    assert_eq!(entries(&server, "ok"), [0, 0, 0, 0]);
+
+    let bad_url = redsem::Client::connect("http://127.0.0.1:1/").await;
+    assert!(matches!(bad_url, Err(Error::InvalidArgument(_))), "{bad_url:?}");
+    let bad_prefix = redsem::Client::builder(server.url()).prefix("").build().await;
+    assert!(matches!(bad_prefix, Err(Error::InvalidArgument(_))));
+}
+
+#[tokio::test]
+async fn opening_with_another_limit_is_a_limit_conflict() {
+    for server in servers() {
+        let client = client(&server).await;
+        let _a = open(&client, "shared", 3, Duration::from_secs(5)).await;
+        match client.semaphore("shared", 4).open().await {
+            Err(e @ Error::LimitConflict { requested: 4, stored: 3, .. }) => {
+                assert!(e.to_string().contains("limit 3"), "{e}");
+            }
+            other => panic!("expected LimitConflict, got {other:?}"),
+        }
+        // the same limit is fine
+        let _b = open(&client, "shared", 3, Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_key_holding_another_type_is_a_wrong_type_error() {
+    for server in servers() {
+        server.cmd(&["SET", "redsem:{taken}:queue", "not a sorted set"]);
+        let client = client(&server).await;
+        let err = client.semaphore("taken", 2).open().await.unwrap_err();
+        assert!(matches!(&err, Error::WrongType { name, .. } if name == "taken"), "{err:?}");
+        assert!(err.to_string().contains("another name or key prefix"), "{err}");
+        // nothing was created beside the foreign key
+        assert_eq!(dbsize(&server), 1, "{}", server.flavor());
+
+        // a key replaced behind an open semaphore's back: the next call says so
+        let sem = open(&client, "later", 1, Duration::from_secs(5)).await;
+        server.cmd(&["DEL", "redsem:{later}:meta"]);
+        server.cmd(&["SET", "redsem:{later}:meta", "x"]);
+        let err = sem.acquire().await.unwrap_err();
+        assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn unreachable_redis_fails_within_the_connect_timeout() {
+    let port = test_support::free_port();
+    let started = Instant::now();
+    let err = redsem::Client::builder(format!("redis://127.0.0.1:{port}/"))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
+    assert!(err.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn wrong_password_is_an_auth_error() {
+    let server = Server::start_with(
+        Flavor::Redis,
+        ServerOptions { password: Some("right".into()), ..Default::default() },
+    );
+    let url = server.url().replace("redis://", "redis://:wrong@");
+    let err = redsem::Client::connect(&url).await.unwrap_err();
+    assert!(matches!(err, Error::Auth(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_user_without_script_permission_gets_a_clear_error() {
+    for flavor in flavors() {
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: vec![
+                    // everything but scripts
+                    "user noscript on >pw ~redsem:* &redsem:* +@all -@scripting".into(),
+                    // scripts, but not the keys of this semaphore
+                    "user nokeys on >pw ~other:* &redsem:* +@all".into(),
+                ],
+                ..Default::default()
+            },
+        );
+        let url = server.url().replace("redis://", "redis://noscript:pw@");
+        let client = redsem::Client::connect(&url).await.unwrap();
+        let err = client.semaphore("acl", 1).open().await.unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{flavor}: {err:?}");
+        assert!(err.to_string().contains("ACL"), "{err}");
+
+        let url = server.url().replace("redis://", "redis://nokeys:pw@");
+        let client = redsem::Client::connect(&url).await.unwrap();
+        let err = client.semaphore("acl", 1).open().await.unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{flavor}: {err:?}");
+        assert_eq!(server.cmd(&["DBSIZE"]).as_int(), Some(0));
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn no_background_task_outlives_the_client() {
+    let server = Server::start(Flavor::Redis);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    {
+        let client = client(&server).await;
+        let sem = open(&client, "tasks", 1, Duration::from_secs(5)).await;
+        let held = sem.acquire().await.unwrap();
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire_timeout(Duration::from_millis(200)).await })
+        };
+        assert!(matches!(waiter.await.unwrap(), Err(Error::Timeout(_))));
+        drop(held);
+        assert!(client.semaphore("tasks", 9).open().await.is_err());
+        assert!(metrics.num_alive_tasks() > 0);
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || metrics.num_alive_tasks() == 0).await,
+        "{} tasks still alive",
+        metrics.num_alive_tasks()
+    );
+    assert_nothing_left(&server, "tasks").await;
+}

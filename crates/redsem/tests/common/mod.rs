@@ -1,0 +1,86 @@
+//! Shared helpers for redsem's integration tests: private servers, clients, and checks of
+//! what a semaphore left in Redis.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+pub use test_support::{Flavor, Reply, Server, ServerOptions, flavors};
+
+/// A client with short timeouts, suitable for tests that break things.
+pub async fn client(server: &Server) -> redsem::Client {
+    redsem::Client::builder(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap()
+}
+
+pub async fn open(
+    client: &redsem::Client,
+    name: &str,
+    limit: u32,
+    lease: Duration,
+) -> redsem::Semaphore {
+    client
+        .semaphore(name, limit)
+        .lease(lease)
+        .open()
+        .await
+        .unwrap()
+}
+
+fn key(name: &str, suffix: &str) -> String {
+    format!("redsem:{{{name}}}:{suffix}")
+}
+
+pub fn card(server: &Server, name: &str, suffix: &str) -> i64 {
+    let k = key(name, suffix);
+    let cmd = match suffix {
+        "queue" | "exp" | "free" => "ZCARD",
+        _ => "HLEN",
+    };
+    server.cmd(&[cmd, &k]).as_int().unwrap()
+}
+
+/// Holders, waiters, leases and records left for the semaphore `name`.
+pub fn entries(server: &Server, name: &str) -> [i64; 4] {
+    [
+        card(server, name, "slots"),
+        card(server, name, "queue"),
+        card(server, name, "exp"),
+        card(server, name, "meta"),
+    ]
+}
+
+/// Waits (generously) until the semaphore holds no entry at all, and panics otherwise.
+pub async fn assert_nothing_left(server: &Server, name: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let e = entries(server, name);
+        if e == [0, 0, 0, 0] {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("semaphore {name} left entries in Redis (slots, queue, leases, records) = {e:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds or `within` passes.
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// Every Redis (and Valkey, when installed) flavour, one fresh server each.
+pub fn servers() -> Vec<Server> {
+    flavors().into_iter().map(Server::start).collect()
+}

@@ -1,0 +1,141 @@
+//! Leases: renewal keeps long holds, a lost lease stops the work, waiters keep their place.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[tokio::test]
+async fn a_hold_longer_than_the_lease_succeeds_with_renewals() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("long-hold", 1)
+            .lease(Duration::from_millis(400))
+            .open()
+            .await
+            .unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let id = permit.holder_id().to_owned();
+        // 4 leases long
+        let out = permit
+            .run(async {
+                tokio::time::sleep(Duration::from_millis(1600)).await;
+                42
+            })
+            .await
+            .unwrap();
+        assert_eq!(out, 42);
+        let st = sem.stats().await.unwrap();
+        assert_eq!(st.expired_total, 0, "{}: the lease expired under a live holder", server.flavor());
+        assert!(st.holders.iter().all(|h| h.id != id));
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_keeps_its_place_longer_than_the_lease() {
+    for server in servers() {
+        let client = client(&server).await;
+        let lease = Duration::from_millis(300);
+        let sem = open(&client, "long-wait", 1, lease).await;
+        let held = sem.acquire().await.unwrap();
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap().ticket() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, "long-wait", "queue") == 1).await);
+        let ticket_before = sem.stats().await.unwrap().waiters[0].ticket;
+        tokio::time::sleep(lease * 4).await;
+        drop(held);
+        let ticket = waiter.await.unwrap();
+        assert_eq!(ticket, ticket_before, "the waiter was re-queued: its lease expired");
+        assert_eq!(sem.stats().await.unwrap().expired_total, 0);
+    }
+}
+
+#[tokio::test]
+async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
+    for server in servers() {
+        let client = client(&server).await;
+        let renew = Duration::from_millis(200);
+        let sem = client
+            .semaphore("deleted", 1)
+            .lease(Duration::from_secs(2))
+            .renew_every(renew)
+            .open()
+            .await
+            .unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let token = permit.cancellation_token();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let run = tokio::spawn(permit.run(async move {
+            // work that would take far longer than the test: it must be cancelled
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let _ = tx.send(());
+            }
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // an operator (or a bug) removes every entry behind the holder's back
+        server.cmd(&["DEL", "redsem:{deleted}:meta", "redsem:{deleted}:exp", "redsem:{deleted}:slots"]);
+        let deleted_at = Instant::now();
+        let result = run.await.unwrap();
+        let detected = deleted_at.elapsed();
+        assert!(matches!(result, Err(redsem::Error::LeaseLost(redsem::LostReason::NotHolder))), "{result:?}");
+        assert!(detected <= renew + Duration::from_millis(300), "detected after {detected:?}");
+        assert!(token.is_cancelled());
+        // the work's future was dropped: it makes no progress any more
+        while rx.try_recv().is_ok() {}
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(rx.try_recv().is_err(), "the work kept running after the loss");
+        assert_nothing_left(&server, "deleted").await;
+    }
+}
+
+#[tokio::test]
+async fn renewal_never_recreates_an_expired_entry() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("no-recreate", 1)
+            .lease(Duration::from_secs(3))
+            .renew_every(Duration::from_millis(100))
+            .open()
+            .await
+            .unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let lost = permit.lost();
+        // make the lease look expired in Redis (as after a pause longer than the lease)
+        let r = server.cmd(&["ZADD", "redsem:{no-recreate}:exp", "XX", "CH", "1", permit.holder_id()]);
+        assert_eq!(r.as_int(), Some(1));
+        let reason = tokio::time::timeout(Duration::from_secs(2), lost).await.unwrap();
+        assert_eq!(reason, redsem::LostReason::NotHolder);
+        assert!(permit.is_lost());
+        // the renewal reaped it instead of extending it
+        assert_eq!(entries(&server, "no-recreate"), [0, 0, 0, 0]);
+        assert!(matches!(permit.run(async {}).await, Err(redsem::Error::LeaseLost(_))));
+        let fresh = sem.try_acquire().await.unwrap();
+        assert_eq!(fresh.fences()[0].generation, 2);
+        assert_eq!(sem.stats().await.unwrap().expired_total, 1);
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_makes_the_permit_lost_before_its_lease_ends() {
+    for server in servers() {
+        let client = client(&server).await;
+        let lease = Duration::from_millis(800);
+        let sem = client.semaphore("unreachable", 1).lease(lease).open().await.unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let acquired = Instant::now();
+        let lost = permit.lost();
+        server.pause();
+        let reason = tokio::time::timeout(lease * 3, lost).await;
+        let after = acquired.elapsed();
+        server.resume();
+        assert_eq!(reason.unwrap(), redsem::LostReason::Unreachable);
+        assert!(after < lease, "declared lost after {after:?}, the lease is {lease:?}");
+        assert!(after > lease / 2, "declared lost too early: {after:?}");
+    }
+}

@@ -1,0 +1,354 @@
+//! Property test: random sequences of acquire / acquire_many / try_acquire / release /
+//! cancel / expiry / renewal / resize are run against the Lua scripts in Redis and against a
+//! small in-memory model of the semantics. After every step the two must agree on the reply,
+//! the holders and their slots, the queue order, the free slots and the fences; at the end,
+//! the notifications each client channel received must be exactly the grants and
+//! rejections the model made for that client's waiters, in order.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::*;
+use proptest::prelude::*;
+use redis::Value;
+
+const PRELUDE: &str = include_str!("../src/scripts/prelude.lua");
+fn script(body: &str) -> redis::Script {
+    redis::Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire { n: u32, try_only: bool, client: usize },
+    /// Release a holder or cancel a waiter (same script).
+    Release { pick: usize },
+    /// The entry's lease runs out (as if its process died).
+    Expire { pick: usize },
+    Renew { pick: usize },
+    Resize { limit: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u32..=4, any::<bool>(), 0usize..2).prop_map(|(n, try_only, client)| Op::Acquire { n, try_only, client }),
+        3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Expire { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
+        1 => (1u32..=5).prop_map(|limit| Op::Resize { limit }),
+    ]
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Entry {
+    n: u32,
+    client: usize,
+    ticket: u64,
+    slots: Vec<u32>,
+    fences: Vec<u64>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Reply {
+    Granted { slots: Vec<u32>, fences: Vec<u64>, ticket: u64 },
+    Queued { ticket: u64 },
+    NoCapacity,
+    TooMany { limit: u32 },
+    Removed(u64),
+    States(Vec<i64>),
+    Limit(u32),
+}
+
+/// The semantics, in memory.
+struct Model {
+    limit: u32,
+    seq: u64,
+    queue: Vec<String>,
+    entries: HashMap<String, Entry>,
+    free: BTreeSet<u32>,
+    fence: BTreeMap<u32, u64>,
+    expired: BTreeSet<String>,
+    notices: [Vec<String>; 2],
+}
+
+impl Model {
+    fn new(limit: u32) -> Model {
+        Model { limit, seq: 0, queue: vec![], entries: HashMap::new(), free: (0..limit).collect(),
+            fence: BTreeMap::new(), expired: BTreeSet::new(), notices: [vec![], vec![]] }
+    }
+    fn used(&self) -> u32 {
+        self.entries.values().map(|e| e.slots.len() as u32).sum()
+    }
+    fn drop_entry(&mut self, id: &str) -> Option<Entry> {
+        self.queue.retain(|q| q != id);
+        self.expired.remove(id);
+        let e = self.entries.remove(id)?;
+        for &s in &e.slots {
+            if s < self.limit {
+                self.free.insert(s);
+            }
+        }
+        Some(e)
+    }
+    fn grant(&mut self, id: &str) {
+        let n = self.entries[id].n as usize;
+        let slots: Vec<u32> = self.free.iter().copied().take(n).collect();
+        let mut fences = vec![];
+        for &s in &slots {
+            self.free.remove(&s);
+            let g = self.fence.entry(s).or_insert(0);
+            *g += 1;
+            fences.push(*g);
+        }
+        let e = self.entries.get_mut(id).unwrap();
+        e.slots = slots;
+        e.fences = fences;
+        self.queue.retain(|q| q != id);
+    }
+    /// FIFO grants; returns (id, granted?) for each grant or rejection made.
+    fn pump(&mut self) -> Vec<(String, bool)> {
+        let mut out = vec![];
+        while let Some(head) = self.queue.first().cloned() {
+            let n = self.entries[&head].n;
+            if n > self.limit {
+                let e = self.drop_entry(&head).unwrap();
+                out.push((head, false));
+                let _ = e;
+            } else if self.used() + n > self.limit {
+                break;
+            } else {
+                self.grant(&head);
+                out.push((head, true));
+            }
+        }
+        out
+    }
+    fn publish(&mut self, out: &[(String, bool)], skip: Option<&str>) {
+        for (id, ok) in out {
+            if Some(id.as_str()) == skip {
+                continue;
+            }
+            let e = self.entries.get(id);
+            let client = e.map(|e| e.client).unwrap_or_else(|| id.starts_with("c1").into());
+            let rec = match (ok, e) {
+                (true, Some(e)) => format!("g:{id}:{}:{}:{}", e.ticket, join(&e.slots), join(&e.fences)),
+                _ => format!("x:{id}"),
+            };
+            self.notices[client].push(rec);
+        }
+    }
+    fn settle(&mut self) -> Vec<(String, bool)> {
+        for id in std::mem::take(&mut self.expired) {
+            self.drop_entry(&id);
+        }
+        let out = self.pump();
+        self.publish(&out, None);
+        out
+    }
+    fn reply_of(&self, id: &str) -> Reply {
+        let e = &self.entries[id];
+        Reply::Granted { slots: e.slots.clone(), fences: e.fences.clone(), ticket: e.ticket }
+    }
+}
+
+fn join<T: ToString>(v: &[T]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// The scripts, driven through a plain connection.
+struct Real {
+    con: redis::Connection,
+    keys: Vec<String>,
+    base: String,
+    acquire: redis::Script,
+    release: redis::Script,
+    renew: redis::Script,
+    resize: redis::Script,
+}
+
+impl Real {
+    fn call(&mut self, s: &redis::Script, args: &[String]) -> Value {
+        let mut inv = s.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.arg(5).arg(&self.base).arg("PUBLISH");
+        for a in args {
+            inv.arg(a);
+        }
+        inv.invoke(&mut self.con).unwrap()
+    }
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    match v {
+        Value::Array(a) => a.iter().map(|x| match x { Value::Int(i) => *i, other => panic!("{other:?}") }).collect(),
+        Value::Nil => vec![],
+        other => panic!("{other:?}"),
+    }
+}
+
+fn parse_acquire(v: &Value) -> Reply {
+    let Value::Array(a) = v else { panic!("{v:?}") };
+    let head = |i: usize| match &a[i] { Value::Int(x) => *x, other => panic!("{other:?}") };
+    match head(0) {
+        1 => Reply::Granted { slots: ints(&a[1]).into_iter().map(|s| s as u32).collect(),
+            fences: ints(&a[2]).into_iter().map(|f| f as u64).collect(), ticket: head(3) as u64 },
+        0 => Reply::Queued { ticket: head(1) as u64 },
+        -1 => Reply::NoCapacity,
+        -2 => Reply::TooMany { limit: head(1) as u32 },
+        other => panic!("{other}"),
+    }
+}
+
+/// (holders: id -> entry's slots and fences, queue, free slots, fences per slot)
+type Snapshot = (BTreeMap<String, (Vec<u32>, Vec<u64>)>, Vec<String>, Vec<u32>, BTreeMap<u32, u64>);
+
+fn snapshot_real(r: &mut Real) -> Snapshot {
+    use redis::Commands;
+    let slots: HashMap<u32, String> = r.con.hgetall(&r.keys[4]).unwrap();
+    let mut holders: BTreeMap<String, (Vec<u32>, Vec<u64>)> = BTreeMap::new();
+    for (s, id) in slots {
+        holders.entry(id.clone()).or_default().0.push(s);
+    }
+    for (id, (slots, fences)) in holders.iter_mut() {
+        slots.sort();
+        let raw: String = r.con.hget(&r.keys[3], id).unwrap();
+        let m: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        let rec: Vec<u32> = m["s"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(&rec, slots, "record and slot map agree");
+        *fences = m["f"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    }
+    let queue: Vec<String> = r.con.zrange(&r.keys[1], 0, -1).unwrap();
+    let free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
+    let fence: BTreeMap<u32, u64> = r.con.hgetall(&r.keys[6]).unwrap();
+    (holders, queue, free, fence)
+}
+
+fn snapshot_model(m: &Model) -> Snapshot {
+    let holders = m.entries.iter().filter(|(_, e)| !e.slots.is_empty())
+        .map(|(id, e)| (id.clone(), (e.slots.clone(), e.fences.clone()))).collect();
+    (holders, m.queue.clone(), m.free.iter().copied().collect(), m.fence.clone())
+}
+
+static CASE: AtomicU32 = AtomicU32::new(0);
+
+fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
+    let case = CASE.fetch_add(1, Ordering::SeqCst);
+    let tag = format!("m:{{p{case}}}:");
+    let keys: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"].iter().map(|k| format!("{tag}{k}")).collect();
+    let base = format!("{tag}c:");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut sub = client.get_connection().unwrap();
+    let mut sub = sub.as_pubsub();
+    sub.subscribe(&[format!("{base}c0"), format!("{base}c1")]).unwrap();
+    let mut real = Real {
+        con: client.get_connection().unwrap(), keys, base,
+        acquire: script(include_str!("../src/scripts/acquire.lua")),
+        release: script(include_str!("../src/scripts/release.lua")),
+        renew: script(include_str!("../src/scripts/renew.lua")),
+        resize: script(include_str!("../src/scripts/resize.lua")),
+    };
+    let mut model = Model::new(5);
+    let mut next_id = 0;
+    let mut ids: Vec<String> = vec![]; // every id ever created, for picking
+    for op in ops {
+        let live: Vec<String> = ids.iter().filter(|id| model.entries.contains_key(*id)).cloned().collect();
+        let (want, got) = match op {
+            Op::Acquire { n, try_only, client } => {
+                let id = format!("c{client}-{next_id}");
+                next_id += 1;
+                ids.push(id.clone());
+                let got = parse_acquire(&real.call(&real.acquire.clone(), &[id.clone(), n.to_string(), "60000".into(),
+                    "60000".into(), format!("c{client}"), "label".into(), if *try_only { "try" } else { "wait" }.into()]));
+                model.settle();
+                let want = if *n > model.limit {
+                    Reply::TooMany { limit: model.limit }
+                } else if *try_only {
+                    if !model.queue.is_empty() || model.used() + n > model.limit {
+                        Reply::NoCapacity
+                    } else {
+                        model.seq += 1;
+                        model.entries.insert(id.clone(), Entry { n: *n, client: *client, ticket: model.seq, slots: vec![], fences: vec![] });
+                        model.grant(&id);
+                        model.reply_of(&id)
+                    }
+                } else {
+                    model.seq += 1;
+                    model.entries.insert(id.clone(), Entry { n: *n, client: *client, ticket: model.seq, slots: vec![], fences: vec![] });
+                    model.queue.push(id.clone());
+                    let out = model.pump();
+                    model.publish(&out, Some(&id));
+                    if out.iter().any(|(g, ok)| g == &id && *ok) { model.reply_of(&id) } else { Reply::Queued { ticket: model.seq } }
+                };
+                (want, got)
+            }
+            Op::Release { pick } => {
+                let id = live.get(pick % live.len().max(1)).cloned().unwrap_or_else(|| "none".into());
+                let got = Reply::Removed(match real.call(&real.release.clone(), &["0".into(), id.clone()]) { Value::Int(i) => i as u64, v => panic!("{v:?}") });
+                let removed = model.drop_entry(&id).is_some() as u64;
+                model.settle();
+                (Reply::Removed(removed), got)
+            }
+            Op::Expire { pick } => {
+                if let Some(id) = live.get(pick % live.len().max(1)) {
+                    let _: i64 = redis::cmd("ZADD").arg(&real.keys[2]).arg("XX").arg(1).arg(id).query(&mut real.con).unwrap();
+                    model.expired.insert(id.clone());
+                }
+                (Reply::Removed(0), Reply::Removed(0))
+            }
+            Op::Renew { pick } => {
+                let id = live.get(pick % live.len().max(1)).cloned().unwrap_or_else(|| "none".into());
+                let v = real.call(&real.renew.clone(), std::slice::from_ref(&id));
+                let Value::Array(a) = &v else { panic!("{v:?}") };
+                let Value::Array(states) = &a[1] else { panic!("{v:?}") };
+                let got = Reply::States(states.iter().map(|s| ints(s)[0]).collect());
+                model.settle();
+                let state = match model.entries.get(&id) { None => -1, Some(e) if e.slots.is_empty() => 0, Some(_) => 1 };
+                (Reply::States(vec![state]), got)
+            }
+            Op::Resize { limit } => {
+                let got = Reply::Limit(match real.call(&real.resize.clone(), &[limit.to_string()]) { Value::Int(i) => i as u32, v => panic!("{v:?}") });
+                let old = model.limit;
+                if *limit > old {
+                    for s in old..*limit {
+                        if !model.entries.values().any(|e| e.slots.contains(&s)) {
+                            model.free.insert(s);
+                        }
+                    }
+                } else {
+                    model.free.retain(|s| s < limit);
+                }
+                model.limit = *limit;
+                model.settle();
+                (Reply::Limit(old), got)
+            }
+        };
+        prop_assert_eq!(&want, &got, "reply to {:?}", op);
+        prop_assert_eq!(snapshot_model(&model), snapshot_real(&mut real), "state after {:?}", op);
+    }
+    // the notifications: exactly the model's, per client channel, in order
+    sub.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut got: [Vec<String>; 2] = [vec![], vec![]];
+    while let Ok(msg) = sub.get_message() {
+        let ch: String = msg.get_channel_name().to_owned();
+        let payload: String = msg.get_payload().unwrap();
+        let client = if ch.ends_with("c1") { 1 } else { 0 };
+        got[client].extend(payload.split(';').map(str::to_owned));
+    }
+    prop_assert_eq!(&model.notices, &got, "notifications");
+    Ok(())
+}
+
+#[test]
+fn scripts_agree_with_the_model() {
+    for server in servers() {
+        let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(96);
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+        runner
+            .run(&proptest::collection::vec(op(), 1..40), |ops| run_case(&server, &ops))
+            .unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
+    }
+}

@@ -1,0 +1,93 @@
+//! Round trips per acquisition and release, counted by Redis itself (INFO commandstats):
+//! constant, whatever the number of waiters.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+
+/// Calls per command since the last CONFIG RESETSTAT.
+fn commandstats(server: &Server) -> HashMap<String, u64> {
+    let info = server.cmd(&["INFO", "commandstats"]);
+    let text = info.as_str().unwrap().to_owned();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("cmdstat_")?;
+            let (name, fields) = rest.split_once(':')?;
+            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Commands a client sends itself (as opposed to those run inside scripts).
+fn round_trips(stats: &HashMap<String, u64>) -> u64 {
+    ["evalsha", "eval", "script|load", "subscribe", "unsubscribe", "ping"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .sum()
+}
+
+#[tokio::test]
+async fn uncontended_acquire_and_release_take_one_round_trip_each() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "rt-free", 4, Duration::from_secs(30)).await;
+        drop(sem.acquire().await.unwrap().release().await); // load the scripts
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        const N: u64 = 50;
+        for _ in 0..N {
+            let p = sem.acquire().await.unwrap();
+            p.release().await.unwrap();
+        }
+        let stats = commandstats(&server);
+        let trips = round_trips(&stats);
+        let evalsha = stats.get("evalsha").copied().unwrap_or(0);
+        println!("{}: uncontended: {trips} round trips for {N} acquire+release ({evalsha} EVALSHA)", server.flavor());
+        assert_eq!(evalsha, 2 * N, "{stats:?}");
+        // the only other command sent is CONFIG/INFO of this test
+        assert_eq!(trips, 2 * N, "{stats:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_round_trips_do_not_grow_with_the_number_of_waiters() {
+    for server in servers() {
+        let mut per_job = Vec::new();
+        for waiters in [10u64, 200] {
+            let client = client(&server).await;
+            let name = format!("rt-{waiters}");
+            let sem = open(&client, &name, 2, Duration::from_secs(30)).await;
+            drop(sem.acquire().await.unwrap().release().await);
+            server.cmd(&["CONFIG", "RESETSTAT"]);
+            let mut tasks = Vec::new();
+            for _ in 0..waiters {
+                let sem = sem.clone();
+                tasks.push(tokio::spawn(async move {
+                    let p = sem.acquire().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    p.release().await.unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let stats = commandstats(&server);
+            let trips = round_trips(&stats) as f64 / waiters as f64;
+            let publishes = stats.get("publish").copied().unwrap_or(0);
+            println!(
+                "{}: {waiters} waiters, limit 2: {trips:.2} round trips per acquire+release, {publishes} notifications",
+                server.flavor()
+            );
+            // at most one notification per grant
+            assert!(publishes <= waiters, "{publishes} notifications for {waiters} grants");
+            per_job.push(trips);
+        }
+        // one call per acquire, one per release, plus a small share of heartbeats
+        for t in &per_job {
+            assert!(*t <= 2.2, "{}: {per_job:?}", server.flavor());
+        }
+    }
+}
