@@ -1,0 +1,145 @@
+//! `redsem-bench`: benchmark of the `redsem` library against the reference design's four
+//! Redis semaphores (see [`designs`]), every worker a real OS process that follows the
+//! peers' worker contract (see [`worker`]), so `shared/bench/peers/driver.py` can run it too.
+//!
+//! `cargo run --release -p redsem-bench` runs every scenario ([`scenarios`]) for every design
+//! against a private `redis-server` it starts and stops itself ([`redis_server`]) unless
+//! `REDIS_URL` is set, prints one markdown table per scenario ([`report`]), and writes SVG
+//! charts ([`chart`]) and optionally JSON.
+
+#![warn(missing_docs)]
+
+pub mod chart;
+pub mod designs;
+pub mod harness;
+pub mod metrics;
+pub mod redis_server;
+pub mod report;
+pub mod scenarios;
+pub mod worker;
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::harness::Harness;
+use crate::redis_server::RedisServer;
+use crate::scenarios::{Progress, Report, RunArgs};
+
+/// Exit code after Ctrl-C / SIGTERM.
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The `run` sub-command: starts a private Redis if needed, runs the selected scenarios,
+/// prints the tables, writes JSON/SVG, stops Redis (also on error, panic and Ctrl-C).
+/// Returns the process exit code.
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let (scenarios, designs) = scenarios::selection(&a)?;
+    anyhow::ensure!(a.reps >= 1, "--reps must be >= 1");
+    anyhow::ensure!(
+        a.jobs_scale > 0.0 && a.jobs_scale.is_finite(),
+        "--jobs-scale must be > 0"
+    );
+    // started on the main thread, which outlives it (PR_SET_PDEATHSIG is per thread)
+    let mut server = match &a.redis_url {
+        Some(_) => None,
+        None => {
+            let s = RedisServer::start()?;
+            eprintln!(
+                "started a private redis-server on {} (pid {}), stopped at the end",
+                s.url(),
+                s.pid().unwrap_or(0)
+            );
+            Some(s)
+        }
+    };
+    let url = match (&a.redis_url, &server) {
+        (Some(u), _) => u.clone(),
+        (None, Some(s)) => s.url(),
+        (None, None) => unreachable!("a server was started when no URL was given"),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = body(&a, &url, &scenarios, &designs) => r.map(Some),
+            _ = tokio::signal::ctrl_c() => Ok(None),
+            _ = term.recv() => Ok(None),
+        }
+    });
+    // dropping the runtime drops every worker handle (kill_on_drop) before Redis stops
+    drop(rt);
+    if let Some(s) = server.as_mut() {
+        s.stop();
+    }
+    match outcome? {
+        None => {
+            eprintln!("interrupted: workers killed, private redis-server stopped");
+            Ok(EXIT_INTERRUPTED)
+        }
+        Some(report) => {
+            print!("{}", report::render(&report));
+            if let Some(path) = &a.json {
+                report::write_json(&report, path)?;
+                eprintln!("wrote {}", path.display());
+            }
+            if !a.no_svg {
+                for f in chart::write_charts(&report.results, &a.svg_dir)? {
+                    eprintln!("wrote {}", f.display());
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn body(
+    a: &RunArgs,
+    url: &str,
+    scenarios: &[scenarios::ScenarioKind],
+    designs: &[designs::DesignKind],
+) -> anyhow::Result<Report> {
+    let h = Harness::new(url).await?;
+    let t0 = Instant::now();
+    let load0 = loadavg();
+    let version = h.snapshot().await?.redis_version;
+    let total = (scenarios.len() * designs.len()) as u64 * u64::from(a.reps);
+    let progress = Progress::new(total);
+    let results = scenarios::run_all(&h, a, scenarios, designs, &progress).await;
+    progress.finish();
+    let results = results?;
+    let meta = [
+        ("tool", json!(format!("redsem-bench {}", env!("CARGO_PKG_VERSION")))),
+        ("redis_version", json!(version)),
+        (
+            "redis",
+            json!(if a.redis_url.is_some() { url.to_string() } else { "private redis-server".into() }),
+        ),
+        (
+            "nproc",
+            json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)),
+        ),
+        ("reps", json!(a.reps)),
+        ("jobs_scale", json!(a.jobs_scale)),
+        ("scenarios", json!(scenarios.iter().map(|s| s.name()).collect::<Vec<_>>())),
+        ("designs", json!(designs.iter().map(|d| d.name()).collect::<Vec<_>>())),
+        ("loadavg_start", json!(load0)),
+        ("loadavg_end", json!(loadavg())),
+        ("elapsed_s", json!(t0.elapsed().as_secs_f64())),
+        (
+            "worker_runtime",
+            json!("one process per worker, single-threaded tokio runtime, one multiplexed redis-rs connection"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    Ok(Report { meta, results })
+}

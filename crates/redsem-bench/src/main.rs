@@ -1,0 +1,41 @@
+//! `redsem-bench`: see the crate docs (`src/lib.rs`) and `README.md` beside `Cargo.toml`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use redsem_bench::scenarios::RunArgs;
+use redsem_bench::worker::WorkerArgs;
+
+/// Benchmark of redsem against the reference design's Redis semaphores.
+#[derive(Parser)]
+#[command(name = "redsem-bench", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the benchmark (the default).
+    Run(RunArgs),
+    /// One contract worker process (what the benchmark and driver.py start).
+    Worker(WorkerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Some(Cmd::Worker(w)) => redsem_bench::worker::run(w).map(|()| 0),
+        Some(Cmd::Run(r)) => redsem_bench::run(r),
+        None => redsem_bench::run(cli.run),
+    };
+    match res {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("redsem-bench: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The terminal tables (markdown, one per scenario, rows = designs) and the JSON file.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::scenarios::{Report, ScenarioKind, ScenarioResult};
+
+/// `median (min-max)` with `prec` decimals; a single number when the range collapses at that
+/// precision; `-` when absent.
+pub fn cell(r: &ScenarioResult, key: &str, prec: usize) -> String {
+    cell_scaled(r, key, prec, 1.0)
+}
+
+/// [`cell`] with every value multiplied by `factor` (unit changes).
+pub fn cell_scaled(r: &ScenarioResult, key: &str, prec: usize, factor: f64) -> String {
+    let Some(a) = r.agg.get(key) else {
+        return "-".into();
+    };
+    let f = |x: f64| format!("{:.*}", prec, x * factor);
+    let (med, lo, hi) = (f(a.median), f(a.min), f(a.max));
+    if lo == hi {
+        med
+    } else {
+        format!("{med} ({lo}-{hi})")
+    }
+}
+
+fn complete_reps(r: &ScenarioResult) -> String {
+    let done = r.reps.iter().filter(|x| x.complete).count();
+    format!("{done}/{}", r.reps.len())
+}
+
+fn run_cell(r: &ScenarioResult) -> String {
+    if r.all_complete || r.reps.is_empty() {
+        return cell(r, "run_s", 2);
+    }
+    if let Some(t) = r.reps.iter().find(|x| x.timed_out) {
+        return format!(
+            "timeout >{} s ({}/{} jobs done)",
+            r.params.run_timeout_s, t.jobs_done, t.jobs_expected
+        );
+    }
+    format!("{} (incomplete)", cell(r, "run_s", 2))
+}
+
+fn crash_cell(all: &[ScenarioResult], r: &ScenarioResult) -> String {
+    let Some(c) = all
+        .iter()
+        .find(|x| x.scenario == ScenarioKind::Crash && x.design == r.design && x.skipped.is_none())
+    else {
+        return "-".into();
+    };
+    if c.reps
+        .iter()
+        .any(|x| x.figures.get("recovered") == Some(&0.0))
+    {
+        format!("never (>{} s)", c.params.run_timeout_s)
+    } else {
+        cell(c, "recovery_s", 2)
+    }
+}
+
+fn row(out: &mut String, cells: &[String]) {
+    out.push_str("| ");
+    out.push_str(&cells.join(" | "));
+    out.push_str(" |\n");
+}
+
+fn header(out: &mut String, cols: &[&str]) {
+    row(out, &cols.iter().map(|c| c.to_string()).collect::<Vec<_>>());
+    row(
+        out,
+        &cols.iter().map(|_| "---".to_string()).collect::<Vec<_>>(),
+    );
+}
+
+fn skipped_row(out: &mut String, r: &ScenarioResult, ncols: usize) {
+    let mut cells = vec![
+        format!("`{}`", r.design),
+        r.skipped.clone().unwrap_or_default(),
+    ];
+    cells.resize(ncols, String::new());
+    row(out, &cells);
+}
+
+/// Renders every scenario's table.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let all = &report.results;
+    let mut kinds: Vec<ScenarioKind> = all.iter().map(|r| r.scenario).collect();
+    kinds.dedup();
+    for kind in kinds {
+        let rows: Vec<&ScenarioResult> = all.iter().filter(|r| r.scenario == kind).collect();
+        let Some(first) = rows.first() else { continue };
+        let _ = writeln!(
+            out,
+            "\n## Scenario `{}`: {}\n",
+            kind.name(),
+            first.params.describe(kind)
+        );
+        match kind {
+            ScenarioKind::Base | ScenarioKind::Scale => {
+                let mut cols = vec![
+                    "design",
+                    "run s",
+                    "efficiency",
+                    "wait p50 ms",
+                    "wait p99 ms",
+                    "wait max ms",
+                    "max holders",
+                    "round trips/job",
+                    "Redis cmds/job",
+                    "Redis CPU ms/job",
+                    "client CPU ms/job",
+                    "acquire errors",
+                ];
+                let with_crash = kind == ScenarioKind::Base
+                    && all.iter().any(|x| x.scenario == ScenarioKind::Crash);
+                if with_crash {
+                    cols.push("crash recovery s");
+                }
+                cols.push("complete reps");
+                header(&mut out, &cols);
+                for r in &rows {
+                    if r.skipped.is_some() {
+                        skipped_row(&mut out, r, cols.len());
+                        continue;
+                    }
+                    let mut c = vec![
+                        format!("`{}`", r.design),
+                        run_cell(r),
+                        cell(r, "efficiency", 2),
+                        cell(r, "wait_p50_ms", 0),
+                        cell(r, "wait_p99_ms", 0),
+                        cell(r, "wait_max_ms", 0),
+                        cell(r, "max_holders", 0),
+                        cell(r, "round_trips_per_job", 1),
+                        cell(r, "redis_cmds_per_job", 1),
+                        cell(r, "redis_cpu_ms_per_job", 3),
+                        cell(r, "client_cpu_ms_per_job", 2),
+                        cell(r, "acquire_errors", 0),
+                    ];
+                    if with_crash {
+                        c.push(crash_cell(all, r));
+                    }
+                    c.push(complete_reps(r));
+                    row(&mut out, &c);
+                }
+            }
+            ScenarioKind::Throughput => {
+                let cols = [
+                    "design",
+                    "cycles/s",
+                    "run s",
+                    "acquire p50 ms",
+                    "acquire p99 ms",
+                    "max holders",
+                    "round trips/job",
+                    "Redis cmds/job",
+                    "Redis CPU µs/job",
+                    "client CPU µs/job",
+                    "acquire errors",
+                    "complete reps",
+                ];
+                header(&mut out, &cols);
+                for r in &rows {
+                    if r.skipped.is_some() {
+                        skipped_row(&mut out, r, cols.len());
+                        continue;
+                    }
+                    row(
+                        &mut out,
+                        &[
+                            format!("`{}`", r.design),
+                            cell(r, "jobs_per_s", 0),
+                            run_cell(r),
+                            cell(r, "wait_p50_ms", 2),
+                            cell(r, "wait_p99_ms", 2),
+                            cell(r, "max_holders", 0),
+                            cell(r, "round_trips_per_job", 1),
+                            cell(r, "redis_cmds_per_job", 1),
+                            cell_scaled(r, "redis_cpu_ms_per_job", 1, 1000.0),
+                            cell_scaled(r, "client_cpu_ms_per_job", 1, 1000.0),
+                            cell(r, "acquire_errors", 0),
+                            complete_reps(r),
+                        ],
+                    );
+                }
+            }
+            ScenarioKind::Handoff => {
+                let cols = [
+                    "design",
+                    "handoff p50 ms",
+                    "handoff p99 ms",
+                    "handoff max ms",
+                    "run s",
+                    "efficiency",
+                    "wait p99 ms",
+                    "max holders",
+                    "round trips/job",
+                    "Redis cmds/job",
+                    "complete reps",
+                ];
+                header(&mut out, &cols);
+                for r in &rows {
+                    if r.skipped.is_some() {
+                        skipped_row(&mut out, r, cols.len());
+                        continue;
+                    }
+                    row(
+                        &mut out,
+                        &[
+                            format!("`{}`", r.design),
+                            cell(r, "handoff_p50_ms", 2),
+                            cell(r, "handoff_p99_ms", 2),
+                            cell(r, "handoff_max_ms", 2),
+                            run_cell(r),
+                            cell(r, "efficiency", 2),
+                            cell(r, "wait_p99_ms", 0),
+                            cell(r, "max_holders", 0),
+                            cell(r, "round_trips_per_job", 1),
+                            cell(r, "redis_cmds_per_job", 1),
+                            complete_reps(r),
+                        ],
+                    );
+                }
+            }
+            ScenarioKind::Crash => {
+                let cols = [
+                    "design",
+                    "recovered",
+                    "recovery s after kill",
+                    "fresh acquirer's acquire() ms",
+                    "lease left at kill s",
+                    "Redis keys right after the kill (last rep)",
+                ];
+                header(&mut out, &cols);
+                for r in &rows {
+                    if r.skipped.is_some() {
+                        skipped_row(&mut out, r, cols.len());
+                        continue;
+                    }
+                    let recovered = r
+                        .reps
+                        .iter()
+                        .filter(|x| x.figures.get("recovered") == Some(&1.0))
+                        .count();
+                    let rec = if recovered == 0 {
+                        format!("never (>{} s)", r.params.run_timeout_s)
+                    } else {
+                        cell(r, "recovery_s", 2)
+                    };
+                    row(
+                        &mut out,
+                        &[
+                            format!("`{}`", r.design),
+                            format!("{recovered}/{}", r.reps.len()),
+                            rec,
+                            cell(r, "fresh_wait_ms", 0),
+                            cell(r, "lease_left_at_kill_s", 2),
+                            r.reps
+                                .last()
+                                .and_then(|x| x.notes.get("redis_state_after_kill").cloned())
+                                .unwrap_or_default(),
+                        ],
+                    );
+                }
+            }
+            ScenarioKind::Memory => {
+                let cols = [
+                    "design",
+                    "waiting tasks",
+                    "RSS before MiB",
+                    "peak RSS MiB",
+                    "RSS bytes per waiting task",
+                    "Redis connections",
+                    "Redis bytes per waiter",
+                    "complete reps",
+                ];
+                header(&mut out, &cols);
+                for r in &rows {
+                    if r.skipped.is_some() {
+                        skipped_row(&mut out, r, cols.len());
+                        continue;
+                    }
+                    row(
+                        &mut out,
+                        &[
+                            format!("`{}`", r.design),
+                            cell(r, "waiters", 0),
+                            cell_scaled(r, "rss_before_kib", 1, 1.0 / 1024.0),
+                            cell_scaled(r, "rss_peak_kib", 1, 1.0 / 1024.0),
+                            cell(r, "rss_bytes_per_waiter", 0),
+                            cell(r, "redis_connections", 0),
+                            cell(r, "redis_bytes_per_waiter", 0),
+                            complete_reps(r),
+                        ],
+                    );
+                }
+            }
+        }
+        let errs: Vec<String> = rows
+            .iter()
+            .flat_map(|r| {
+                r.reps.iter().filter_map(move |x| {
+                    x.notes
+                        .get("worker_error")
+                        .or(x.notes.get("error"))
+                        .map(|e| format!("- `{}` rep {}: {e}", r.design, x.rep))
+                })
+            })
+            .collect();
+        if !errs.is_empty() {
+            let _ = writeln!(out, "\nProblems:\n{}", errs.join("\n"));
+        }
+    }
+    out.push_str(NOTES);
+    out
+}
+
+/// How the columns are computed (printed under the tables).
+pub const NOTES: &str = "
+Cells are `median (min-max)` over the complete repetitions. *run s*: shared start to the last
+release returned; *efficiency*: (processes x jobs x hold / limit) / run s; *wait*: time inside
+acquire() per job, all processes pooled (hdrhistogram, 3 significant digits; max exact); *max
+holders*: peak overlap of all [acquired, release called] intervals across processes; *round
+trips/job*: commands the clients sent themselves, from INFO commandstats (script calls
+EVAL/EVALSHA/SCRIPT LOAD plus each design's top-level commands; a MULTI/EXEC transaction counts
+MULTI, every queued command and EXEC, although it travels in one write); *Redis cmds/job*: every
+command Redis executed, including those inside scripts and transactions, excluding handshakes
+and the harness's own; *Redis CPU*: redis-server used_cpu_user+sys delta; *client CPU*: user+sys
+of all worker processes; *handoff*: from a holder's rel_ns to the next acq_ns (limit 1);
+*recovery*: fresh acquirer's `acquired` event minus the SIGKILL time (includes its process
+start); *lease left at kill*: lease minus the oldest holder's age at the kill; *RSS bytes per
+waiting task*: (VmHWM once all tasks wait - VmRSS just before the start) / tasks, i.e. the task,
+its future and the design's per-waiter state; *Redis connections*: CLIENT LIST entries whose
+address is one of the waiting process's sockets.
+";
+
+/// Writes the report as pretty JSON.
+pub fn write_json(report: &Report, path: &Path) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let text = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, text)?;
+    Ok(())
+}
