@@ -1,38 +1,62 @@
-//! The `redsem` library as a design (placeholder until the library's API exists).
+//! The `redsem` library (crates/redsem) as a design, used exactly as its documentation shows:
+//! one [`redsem::Client`] per process (two connections: commands and RESP3 pushes), one
+//! semaphore handle opened with the contract's limit and lease, every other setting at the
+//! library's defaults (renewal every lease/3, 1 s fallback poll). The worker releases with
+//! [`redsem::Permit::release`]`.await`, so `done_ns` is after the release round trip.
+
+use std::time::Duration;
 
 use super::{AcquireError, Params};
 
-/// Whether the library's design can run (false until `crates/redsem` has its API).
-pub const AVAILABLE: bool = false;
+/// Whether the library's design can run.
+pub const AVAILABLE: bool = true;
 
 /// Top-level commands the library's clients send besides script calls (see
-/// [`DesignKind::sent_commands`](super::DesignKind::sent_commands)).
-pub const TOP_LEVEL: &[&str] = &[];
+/// [`DesignKind::sent_commands`](super::DesignKind::sent_commands)): the notifier's
+/// (un)subscriptions. Every state change is a script call (`EVALSHA`, `EVAL` or `SCRIPT LOAD`
+/// after a NOSCRIPT); its health-check `PING`s are not the semaphore's work.
+pub const TOP_LEVEL: &[&str] = &["subscribe", "unsubscribe"];
 
 /// The library's permit.
-pub struct RedsemPermit(());
+pub type RedsemPermit = redsem::Permit;
 
-/// A `redsem` semaphore.
-pub struct RedsemSemaphore(());
+/// A `redsem` semaphore handle and the client it belongs to.
+pub struct RedsemSemaphore {
+    _client: redsem::Client,
+    sem: redsem::Semaphore,
+}
 
 impl RedsemSemaphore {
-    /// Not available yet.
-    pub async fn open(_p: &Params) -> anyhow::Result<Self> {
-        anyhow::bail!("redsem design not yet available")
+    /// Connects the client and opens the semaphore (SUBSCRIBE + one script).
+    pub async fn open(p: &Params) -> anyhow::Result<Self> {
+        let client = redsem::Client::connect(&p.redis_url).await?;
+        let sem = client
+            .semaphore(p.name.as_str(), p.limit)
+            .lease(Duration::from_millis(p.lease_ms))
+            .open()
+            .await?;
+        Ok(RedsemSemaphore {
+            _client: client,
+            sem,
+        })
     }
 
-    /// Not available yet.
+    /// `sem.acquire().await`.
     pub async fn acquire(&self) -> Result<RedsemPermit, AcquireError> {
-        Err(AcquireError::Other(anyhow::anyhow!(
-            "redsem design not yet available"
-        )))
+        self.sem
+            .acquire()
+            .await
+            .map_err(|e| AcquireError::Other(e.into()))
     }
 
-    /// Not available yet.
-    pub async fn release(&self, _permit: RedsemPermit) -> anyhow::Result<()> {
-        anyhow::bail!("redsem design not yet available")
+    /// `permit.release().await`.
+    pub async fn release(&self, permit: RedsemPermit) -> anyhow::Result<()> {
+        permit.release().await?;
+        Ok(())
     }
 
-    /// Nothing to stop.
-    pub async fn close(self) {}
+    /// Closes the handle; the client's tasks stop when it is dropped.
+    pub async fn close(self) {
+        self.sem.close();
+    }
 }
