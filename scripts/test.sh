@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# redsem's test command (what CI runs, through .ci/run):
+#   bash scripts/test.sh [ARGS...]
+# installs the test dependencies (scripts/install-deps.sh), checks formatting and clippy,
+# runs every test of the workspace against Redis and Valkey, then the doc tests.
+# ARGS go to the test runner (`cargo nextest run`, or `cargo test` without nextest),
+# e.g. a test-name filter. Exits non-zero when any step fails; the steps after a failing
+# lint still run, so one run reports everything.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+failed=()
+step() { printf '\n==> %s\n' "$*" >&2; }
+run() {
+    local name="$1"
+    shift
+    step "$name: $*"
+    if ! "$@"; then
+        failed+=("$name")
+        printf '==> FAILED: %s\n' "$name" >&2
+    fi
+}
+
+step "install-deps"
+bash scripts/install-deps.sh
+
+run fmt cargo fmt --all -- --check
+run clippy cargo clippy --workspace --all-targets -- -D warnings
+
+# Valkey is installed above: a missing one must fail the tests, not skip half of them.
+export REDSEM_REQUIRE_VALKEY=1
+if cargo nextest --version >/dev/null 2>&1; then
+    run tests cargo nextest run --workspace --no-fail-fast --profile ci "$@"
+else
+    step "cargo-nextest not found: using cargo test"
+    run tests cargo test --workspace --all-targets --no-fail-fast -- "$@"
+fi
+run doctests cargo test --workspace --doc
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf '\n==> scripts/test.sh: FAILED: %s\n' "${failed[*]}" >&2
+    exit 1
+fi
+printf '\n==> scripts/test.sh: all passed\n' >&2
