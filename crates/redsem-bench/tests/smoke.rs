@@ -1,0 +1,114 @@
+//! CI smoke run of the benchmark so it cannot rot: every design in every scenario with few
+//! jobs, against the private redis-server the binary starts itself (REDIS_URL removed).
+//! Asserts correctness only (every job done, never more holders than the limit, leased
+//! designs recover from SIGKILLed holders and the counter does not, the memory figures
+//! exist), never timings.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn f(v: &Value, key: &str) -> f64 {
+    v["figures"][key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("figure {key} missing in {v}"))
+}
+
+#[test]
+fn every_design_and_scenario_runs_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let svg = dir.path().join("svg");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_redsem-bench"))
+        .args([
+            "run",
+            "--scenarios",
+            "all",
+            "--designs",
+            "all",
+            "--reps",
+            "1",
+        ])
+        .args(["--jobs-scale", "0.05", "--start-margin-ms", "300"])
+        .args(["--crash-lease-ms", "1000", "--give-up-s", "3"])
+        .args(["--memory-settle-ms", "500"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--svg-dir")
+        .arg(&svg)
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("running redsem-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "redsem-bench failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    eprintln!(
+        "smoke run took {:.1} s\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    for s in ["base", "crash", "scale", "throughput", "handoff", "memory"] {
+        assert!(
+            stdout.contains(&format!("## Scenario `{s}`")),
+            "no {s} table"
+        );
+    }
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6 * 5, "every scenario x design has an entry");
+    for r in results {
+        let scenario = r["scenario"].as_str().unwrap();
+        let design = r["design"].as_str().unwrap();
+        let what = format!("{scenario}/{design}");
+        if let Some(why) = r["skipped"].as_str() {
+            assert!(
+                scenario == "memory" && !["redsem", "fifo-notify"].contains(&design),
+                "{what} unexpectedly skipped: {why}"
+            );
+            continue;
+        }
+        let reps = r["reps"].as_array().unwrap();
+        assert_eq!(reps.len(), 1, "{what}");
+        let limit = r["params"]["limit"].as_f64().unwrap();
+        for rep in reps {
+            match scenario {
+                "crash" => {
+                    let recovered = f(rep, "recovered") == 1.0;
+                    assert_eq!(
+                        recovered,
+                        design != "counter",
+                        "{what}: recovered={recovered}: {rep}"
+                    );
+                }
+                "memory" => {
+                    assert_eq!(rep["complete"], true, "{what}: {rep}");
+                    let waiters = r["params"]["workers"].as_f64().unwrap();
+                    assert_eq!(f(rep, "waiters"), waiters, "{what}");
+                    assert!(f(rep, "redis_connections") >= 1.0, "{what}: {rep}");
+                    assert!(f(rep, "rss_peak_kib") > 0.0, "{what}: {rep}");
+                }
+                _ => {
+                    assert_eq!(rep["timed_out"], false, "{what}: {rep}");
+                    assert_eq!(rep["jobs_done"], rep["jobs_expected"], "{what}: {rep}");
+                    assert_eq!(rep["complete"], true, "{what}: {rep}");
+                    let holders = f(rep, "max_holders");
+                    assert!(
+                        holders >= 1.0 && holders <= limit,
+                        "{what}: {holders} holders, limit {limit}"
+                    );
+                    assert!(f(rep, "redis_cmds_per_job") > 0.0, "{what}");
+                    assert!(f(rep, "round_trips_per_job") > 0.0, "{what}");
+                }
+            }
+        }
+    }
+    for name in ["base-wait-cdf.svg", "base-holders.svg"] {
+        let text = std::fs::read_to_string(svg.join(name)).unwrap();
+        assert!(text.contains("<text"), "{name} has no text");
+    }
+}
