@@ -141,7 +141,7 @@ impl Stats {
                 permits: e.n,
             })
             .collect();
-        holders.sort_by(|a, b| b.held.cmp(&a.held));
+        holders.sort_by_key(|h| std::cmp::Reverse(h.held));
         let waiters = parse(&raw.waiters_json)?
             .into_iter()
             .enumerate()

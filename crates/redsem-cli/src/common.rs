@@ -1,0 +1,292 @@
+//! Connection, errors and exit codes, and formatting shared by the subcommands.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::Global;
+
+/// `eprintln!` that never panics: a closed stderr (a finished pipe, a gone terminal) must not
+/// bring down `run` while it supervises a command, nor the exporter.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `print!` that never panics (a reader such as `head` may close the pipe early).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Exit code of the operator commands for any error (unreachable, auth, WRONGTYPE, ...).
+pub const EXIT_ERROR: u8 = 1;
+/// Exit code for a command line that does not parse (not `run`: see its exit codes).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code of the operator commands when the semaphore or the holder does not exist.
+pub const EXIT_NOT_FOUND: u8 = 3;
+
+/// Why a subcommand failed: printed as one line, mapped to an exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// An error from the library.
+    Lib(redsem::Error),
+    /// Something named does not exist (a holder id).
+    NotFound(String),
+    /// Anything else (I/O on the terminal or a socket, bad input).
+    Other(String),
+}
+
+impl From<redsem::Error> for Failure {
+    fn from(e: redsem::Error) -> Self {
+        Failure::Lib(e)
+    }
+}
+
+impl Failure {
+    /// The message on one line (errors from Redis may contain newlines).
+    pub fn one_line(&self) -> String {
+        let text = match self {
+            Failure::Lib(e) => describe(e),
+            Failure::NotFound(s) | Failure::Other(s) => s.clone(),
+        };
+        one_line(&text)
+    }
+
+    /// The exit code of an operator command that failed this way.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Lib(redsem::Error::UnknownSemaphore { .. }) | Failure::NotFound(_) => {
+                EXIT_NOT_FOUND
+            }
+            _ => EXIT_ERROR,
+        }
+    }
+}
+
+/// A library error as a person reads it.
+pub fn describe(e: &redsem::Error) -> String {
+    match e {
+        redsem::Error::UnknownSemaphore { name, prefix } => format!(
+            "unknown semaphore {name:?}: nothing under key prefix {prefix:?} (check the name, --prefix and --redis-url; `redsem list` shows what exists)"
+        ),
+        redsem::Error::LimitConflict {
+            name,
+            requested,
+            stored,
+        } => format!(
+            "semaphore {name:?} exists with limit {stored}, not {requested}: pass --limit {stored}, or change it for everyone with `redsem limit {name} {requested}`"
+        ),
+        redsem::Error::WrongType { name, .. } => format!(
+            "a key of semaphore {name:?} holds a value redsem did not write (WRONGTYPE): another program uses these key names; pick another name or --prefix"
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Collapses whitespace runs containing newlines, so every message fits one line.
+pub fn one_line(s: &str) -> String {
+    s.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Connects the library's client as the global options say.
+pub async fn connect(g: &Global) -> Result<redsem::Client, Failure> {
+    connect_raw(g).await.map_err(|e| match e {
+        redsem::Error::Unreachable(_) | redsem::Error::Auth(_) => {
+            Failure::Other(connect_error(g, &e))
+        }
+        e => Failure::Lib(e),
+    })
+}
+
+/// [`connect`] with the library's error.
+pub async fn connect_raw(g: &Global) -> Result<redsem::Client, redsem::Error> {
+    redsem::Client::builder(normalize_url(&g.redis_url))
+        .prefix(&g.prefix)
+        .connect_timeout(g.connect_timeout)
+        .build()
+        .await
+}
+
+/// A connection error, naming the (redacted) URL.
+pub fn connect_error(g: &Global, e: &redsem::Error) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("certificate") {
+        " (TLS: the server's certificate is not trusted; point SSL_CERT_FILE at its CA)"
+    } else if text.contains("TLS") && text.contains("not enabled") {
+        " (this redsem was built without the `tls` feature)"
+    } else {
+        ""
+    };
+    format!(
+        "cannot connect to {}: {}{hint}",
+        redact(&g.redis_url),
+        describe(e)
+    )
+}
+
+/// The URL with its password hidden.
+pub fn redact(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let end = url[start..].find('/').map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
+        return url.to_owned();
+    };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
+        None => url.to_owned(),
+    }
+}
+
+/// A bare socket path becomes a `unix://` URL.
+pub fn normalize_url(url: &str) -> String {
+    if url.starts_with('/') {
+        format!("unix://{url}")
+    } else {
+        url.to_owned()
+    }
+}
+
+/// Parses `10s`, `1m30s`, `250ms`, `2h` (humantime), or a plain number of seconds (`1.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{s:?} is not a valid number of seconds"));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 10s, 1m30s or 250ms ({e})"))
+}
+
+/// A short human duration: `340ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.
+pub fn fmt_dur(d: Duration) -> String {
+    let ms = d.as_millis();
+    let s = d.as_secs();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if s < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else if s < 86_400 {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    } else {
+        format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600)
+    }
+}
+
+/// `HH:MM:SS` UTC of a Unix time in milliseconds.
+pub fn fmt_clock(unix_ms: u64) -> String {
+    let s = unix_ms / 1000 % 86_400;
+    format!("{:02}:{:02}:{:02}Z", s / 3600, s % 3600 / 60, s % 60)
+}
+
+/// Slots and fences as `slot:generation` separated by commas.
+pub fn fmt_fences(fences: &[redsem::Fence]) -> String {
+    fences
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A plain text table: left-aligned columns separated by two spaces, no trailing blanks.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary, marking the cut with `…`.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn durations_print() {
+        assert_eq!(fmt_dur(Duration::from_millis(340)), "340ms");
+        assert_eq!(fmt_dur(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(fmt_dur(Duration::from_secs(245)), "4m05s");
+        assert_eq!(fmt_dur(Duration::from_secs(7380)), "2h03m");
+        assert_eq!(fmt_dur(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d04h");
+    }
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
+        assert_eq!(redact("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+    }
+
+    #[test]
+    fn messages_fit_one_line() {
+        assert_eq!(one_line("a\n  b\r\n\nc"), "a; b; c");
+    }
+
+    #[test]
+    fn urls_and_truncation() {
+        assert_eq!(normalize_url("/run/redis.sock"), "unix:///run/redis.sock");
+        assert_eq!(normalize_url("redis://h:1"), "redis://h:1");
+        assert_eq!(truncate("héllo", 4), "h…");
+        assert_eq!(truncate("abc", 3), "abc");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    BB\nxyz  1\n");
+    }
+}

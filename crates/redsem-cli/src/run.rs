@@ -1,0 +1,386 @@
+//! `redsem run`: wait for permits in FIFO order, run a command in its own process group
+//! while the library renews the lease, forward signals, and kill the group if the slot is
+//! lost.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
+
+use crate::common::{self, Failure, fmt_dur, fmt_fences};
+use crate::{Global, RunArgs};
+
+/// The command was not run or did not finish because the wait timed out.
+pub const EXIT_TIMEOUT: u8 = 124;
+/// redsem's own error: bad arguments, Redis unreachable, authentication, limit conflict...
+pub const EXIT_REDSEM_ERROR: u8 = 125;
+/// The command exists but could not be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+/// The command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// The slot was lost while the command ran (EX_TEMPFAIL: running again may work).
+pub const EXIT_LOST: u8 = 75;
+
+/// Shown by `redsem run --help`.
+pub const EXIT_CODES_HELP: &str = "\
+Environment of the command:
+  REDSEM_NAME    the semaphore's name
+  REDSEM_SLOTS   the slots held, comma-separated (e.g. 0,3), each in 0..limit
+  REDSEM_FENCES  slot:generation fencing tokens, comma-separated (e.g. 0:17,3:4)
+  REDSEM_HOLDER  the holder id (as in `redsem stats`, for `redsem release --holder`)
+  REDSEM_TICKET  the FIFO ticket number the permits were granted under
+
+The command runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to redsem are
+forwarded to that group; the permits are released as soon as the command exits. If the
+slot is lost (the lease could not be renewed, or an operator released it), the group gets
+SIGTERM, then SIGKILL after --kill-after. If redsem itself is killed, the command gets
+SIGTERM (Linux) and the permits free within one lease.
+
+Exit status:
+  the command's own     when it exits by itself
+  128+N                 the command was killed by signal N (also: redsem got signal N while
+                        waiting for permits)
+  75                    the slot was lost while the command ran; the command was terminated
+  124                   no permits within --timeout; the command was not run
+  125                   redsem's own error (bad arguments, Redis unreachable, authentication,
+                        limit conflict, WRONGTYPE...); the command was not run
+  126                   the command could not be executed (permission denied)
+  127                   the command was not found";
+
+/// The signals `run` forwards to the command.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received, as its number.
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGKILL => "SIGKILL",
+        _ => "signal",
+    }
+}
+
+/// Runs `redsem run`; returns the exit code.
+pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
+    let mut signals = Signals::install()
+        .map_err(|e| Failure::Other(format!("cannot install signal handlers: {e}")))?;
+    let name = a.name.clone();
+    let program = a.command[0].clone();
+    let label = a.label.clone().unwrap_or_else(|| default_label(&a.command));
+
+    // Nothing is queued yet: a signal here just stops.
+    let setup = async {
+        let client = common::connect(g).await?;
+        let sem = client
+            .semaphore(&name, a.limit)
+            .lease(a.lease)
+            .label(common::truncate(&label, 200))
+            .open()
+            .await?;
+        Ok::<_, Failure>((client, sem))
+    };
+    let (client, sem) = tokio::select! {
+        r = setup => r?,
+        sig = signals.recv() => return Ok(128 + sig as u8),
+    };
+
+    let started = Instant::now();
+    if a.verbose {
+        say!(
+            "redsem: waiting for {} permit(s) of {name:?} (limit {})",
+            a.permits,
+            a.limit
+        );
+    }
+    let acquire = async {
+        match a.timeout {
+            Some(t) if t.is_zero() => sem.try_acquire_many(a.permits).await,
+            Some(t) => sem.acquire_many_timeout(a.permits, t).await,
+            None => sem.acquire_many(a.permits).await,
+        }
+    };
+    let acquired = tokio::select! {
+        r = acquire => r,
+        sig = signals.recv() => {
+            // the cancelled acquire leaves the queue in the background: let it finish
+            flush(&client).await;
+            return Ok(128 + sig as u8);
+        }
+    };
+    let permit = match acquired {
+        Ok(p) => p,
+        Err(e @ (redsem::Error::Timeout(_) | redsem::Error::NoPermits)) => {
+            flush(&client).await;
+            let busy = match client.inspect(&name).await {
+                Ok(s) => format!(
+                    " ({} of {} permits in use, {} waiting)",
+                    s.in_use,
+                    s.limit,
+                    s.waiters.len()
+                ),
+                Err(_) => String::new(),
+            };
+            let why = match e {
+                redsem::Error::NoPermits => "not free right now (--timeout 0)".to_owned(),
+                _ => format!("not granted within {}", fmt_dur(started.elapsed())),
+            };
+            say!(
+                "redsem: timeout: {} permit(s) of semaphore {name:?} {why}{busy}; the command was not run",
+                a.permits
+            );
+            return Ok(EXIT_TIMEOUT);
+        }
+        Err(e) => {
+            flush(&client).await;
+            return Err(e.into());
+        }
+    };
+    if a.verbose {
+        say!(
+            "redsem: acquired slot(s) {} of {name:?} after {} (holder {})",
+            fmt_fences(permit.fences()),
+            fmt_dur(started.elapsed()),
+            permit.holder_id()
+        );
+    }
+
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(&a.command[1..])
+        .process_group(0)
+        .env("REDSEM_NAME", &name)
+        .env("REDSEM_SLOTS", slots_var(&permit))
+        .env("REDSEM_FENCES", fmt_fences(permit.fences()))
+        .env("REDSEM_HOLDER", permit.holder_id())
+        .env("REDSEM_TICKET", permit.ticket().to_string());
+    die_with_parent(&mut cmd);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, what) = match e.kind() {
+                std::io::ErrorKind::NotFound => (EXIT_NOT_FOUND, "command not found".to_owned()),
+                std::io::ErrorKind::PermissionDenied => {
+                    (EXIT_NOT_EXECUTABLE, "permission denied".to_owned())
+                }
+                _ => (EXIT_NOT_EXECUTABLE, e.to_string()),
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(3), permit.release()).await;
+            flush(&client).await;
+            say!(
+                "redsem: cannot run {:?}: {what}; the permits were released",
+                program.to_string_lossy()
+            );
+            return Ok(code);
+        }
+    };
+    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let terminal = Terminal::hand_to(pgid);
+
+    let lost = permit.lost();
+    tokio::pin!(lost);
+    let mut lost_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        let kill_at = lost_at.map(|t| t + a.kill_after);
+        tokio::select! {
+            st = child.wait() => break st,
+            reason = &mut lost, if lost_at.is_none() => {
+                say!(
+                    "redsem: lost the slot of semaphore {name:?} while the command ran: {reason}; \
+                     sending SIGTERM to its process group {pgid}, SIGKILL in {}",
+                    fmt_dur(a.kill_after)
+                );
+                killpg(pgid, libc::SIGTERM);
+                lost_at = Some(Instant::now());
+            }
+            _ = sleep_until_opt(kill_at), if !killed => {
+                say!(
+                    "redsem: the command did not exit within {} of SIGTERM; sending SIGKILL to process group {pgid}",
+                    fmt_dur(a.kill_after)
+                );
+                killpg(pgid, libc::SIGKILL);
+                killed = true;
+            }
+            sig = signals.recv() => {
+                if a.verbose {
+                    say!("redsem: forwarding {} to process group {pgid}", signal_name(sig));
+                }
+                killpg(pgid, sig);
+            }
+        }
+    };
+    terminal.take_back();
+    let status = status.map_err(|e| Failure::Other(format!("cannot wait for the command: {e}")))?;
+
+    if lost_at.is_some() {
+        // the lease is gone: nothing of the group may keep using the resource
+        killpg(pgid, libc::SIGKILL);
+        drop(permit);
+        flush(&client).await;
+        return Ok(EXIT_LOST);
+    }
+    let held = permit.holder_id().to_owned();
+    match tokio::time::timeout(Duration::from_secs(3), permit.release()).await {
+        Ok(Ok(())) => {
+            if a.verbose {
+                say!("redsem: released {held} of {name:?}");
+            }
+        }
+        Ok(Err(e)) => say!(
+            "redsem: warning: could not release the permits ({}); they free when the lease expires (within {})",
+            common::describe(&e),
+            fmt_dur(a.lease)
+        ),
+        Err(_) => say!(
+            "redsem: warning: Redis did not confirm the release in time; the permits free when the lease expires (within {})",
+            fmt_dur(a.lease)
+        ),
+    }
+    flush(&client).await;
+    Ok(exit_code(status))
+}
+
+/// The shell convention: the exit code, or 128 + the signal that killed the process.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
+        (None, None) => EXIT_REDSEM_ERROR,
+    }
+}
+
+/// Waits (bounded) until the library's background releases are done.
+async fn flush(client: &redsem::Client) {
+    let _ = tokio::time::timeout(Duration::from_secs(3), client.flush_releases()).await;
+}
+
+fn slots_var(permit: &redsem::Permit) -> String {
+    permit
+        .slots()
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn default_label(command: &[OsString]) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let cmd = command
+        .iter()
+        .map(|s| s.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    common::truncate(
+        &format!("{}:{} {cmd}", host.trim(), std::process::id()),
+        100,
+    )
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends `sig` to the process group `pgid` (errors such as "no such group" are ignored:
+/// everyone in it may have exited already).
+fn killpg(pgid: i32, sig: i32) {
+    if pgid > 1 {
+        // SAFETY: killpg has no memory-safety preconditions.
+        unsafe {
+            libc::killpg(pgid, sig);
+        }
+    }
+}
+
+/// Asks Linux to send the command SIGTERM if redsem dies (even by SIGKILL), so that it does
+/// not run on without the permits once their lease expires.
+#[cfg(target_os = "linux")]
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // async-signal-safe functions (prctl, getppid, kill, getpid).
+    let parent = std::process::id() as libc::pid_t;
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+            if libc::getppid() != parent {
+                // redsem died before prctl took effect
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut tokio::process::Command) {}
+
+/// The controlling terminal, when redsem runs in its foreground: the command's process
+/// group gets it (so that the command can read from it and gets Ctrl-C directly), and
+/// redsem takes it back when the command exits.
+struct Terminal {
+    ours: Option<libc::pid_t>,
+}
+
+impl Terminal {
+    fn hand_to(pgid: i32) -> Terminal {
+        let stdin = std::io::stdin();
+        if pgid <= 1 || !stdin.is_terminal() {
+            return Terminal { ours: None };
+        }
+        // SAFETY: plain syscalls on fd 0 and our own process group.
+        unsafe {
+            let ours = libc::getpgrp();
+            if libc::tcgetpgrp(0) != ours {
+                return Terminal { ours: None }; // we run in the background
+            }
+            if libc::tcsetpgrp(0, pgid) != 0 {
+                return Terminal { ours: None };
+            }
+            // the command may have tried to read before it had the terminal, and stopped
+            libc::killpg(pgid, libc::SIGCONT);
+            Terminal { ours: Some(ours) }
+        }
+    }
+
+    fn take_back(self) {
+        if let Some(ours) = self.ours {
+            // SAFETY: plain syscalls; SIGTTOU is ignored around tcsetpgrp from the background
+            // and its disposition restored afterwards.
+            unsafe {
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, ours);
+                libc::signal(libc::SIGTTOU, old);
+            }
+        }
+    }
+}

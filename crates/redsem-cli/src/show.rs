@@ -1,0 +1,232 @@
+//! `redsem stats`, `list`, `limit` and `release`: one-shot operator commands.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::common::{self, Failure, fmt_dur, fmt_fences, table};
+use crate::{Global, LimitArgs, ListArgs, ReleaseArgs, StatsArgs};
+
+/// Labels are cut to this many bytes in tables (JSON has them whole).
+const LABEL_WIDTH: usize = 60;
+
+/// `redsem stats NAME [--json]`.
+pub async fn stats(g: &Global, a: StatsArgs) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    let s = client.inspect(&a.name).await?;
+    if a.json {
+        out!("{}\n", to_json(&s)?);
+    } else {
+        out!("{}", render_stats(&s));
+    }
+    Ok(0)
+}
+
+pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<String, Failure> {
+    serde_json::to_string_pretty(v).map_err(|e| Failure::Other(format!("cannot encode JSON: {e}")))
+}
+
+/// The human view of one snapshot (also the body of `watch`).
+pub fn render_stats(s: &redsem::Stats) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "semaphore {:?}: limit {}, {} in use, {} available; {} holder(s), {} waiter(s){}",
+        s.name,
+        s.limit,
+        s.in_use,
+        s.available,
+        s.holders.len(),
+        s.waiters.len(),
+        match s.oldest_wait() {
+            Some(w) => format!(", oldest wait {}", fmt_dur(w)),
+            None => String::new(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "granted {} time(s) since creation, {} lease(s) expired",
+        s.grants_total, s.expired_total
+    );
+    out.push('\n');
+    if s.holders.is_empty() {
+        out.push_str("HOLDERS: none\n");
+    } else {
+        out.push_str("HOLDERS\n");
+        let rows: Vec<Vec<String>> = s
+            .holders
+            .iter()
+            .map(|h| {
+                vec![
+                    h.id.clone(),
+                    h.permits.to_string(),
+                    fmt_fences(&h.fences),
+                    fmt_dur(h.held),
+                    fmt_dur(h.lease_left),
+                    common::truncate(&h.label, LABEL_WIDTH),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["ID", "PERMITS", "SLOT:FENCE", "HELD", "LEASE LEFT", "LABEL"],
+            &rows,
+        ));
+    }
+    out.push('\n');
+    if s.waiters.is_empty() {
+        out.push_str("QUEUE: empty\n");
+    } else {
+        out.push_str("QUEUE (FIFO order)\n");
+        let rows: Vec<Vec<String>> = s
+            .waiters
+            .iter()
+            .map(|w| {
+                vec![
+                    w.position.to_string(),
+                    w.id.clone(),
+                    w.permits.to_string(),
+                    w.ticket.to_string(),
+                    fmt_dur(w.waited),
+                    common::truncate(&w.label, LABEL_WIDTH),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["POS", "ID", "PERMITS", "TICKET", "WAITED", "LABEL"],
+            &rows,
+        ));
+    }
+    out
+}
+
+/// One row of `redsem list --json`.
+#[derive(Serialize)]
+struct ListEntry {
+    name: String,
+    limit: u32,
+    in_use: u32,
+    available: u32,
+    holders: usize,
+    waiters: usize,
+    /// Milliseconds the head of the queue has waited; `null` when nobody waits.
+    oldest_wait_ms: Option<u64>,
+    grants_total: u64,
+    expired_total: u64,
+}
+
+/// `redsem list [--json]`.
+pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    let names = client.list_semaphores().await?;
+    let mut entries = Vec::with_capacity(names.len());
+    for name in names {
+        match client.inspect(&name).await {
+            Ok(s) => entries.push(ListEntry {
+                oldest_wait_ms: s.oldest_wait().map(|d| d.as_millis() as u64),
+                name: s.name,
+                limit: s.limit,
+                in_use: s.in_use,
+                available: s.available,
+                holders: s.holders.len(),
+                waiters: s.waiters.len(),
+                grants_total: s.grants_total,
+                expired_total: s.expired_total,
+            }),
+            // deleted between the scan and now
+            Err(redsem::Error::UnknownSemaphore { .. }) => {}
+            // a foreign key that looks like ours, or a broken one: say so, show the others
+            Err(e) => say!("redsem: skipping {name:?}: {}", common::describe(&e)),
+        }
+    }
+    if a.json {
+        out!("{}\n", to_json(&entries)?);
+        return Ok(0);
+    }
+    if entries.is_empty() {
+        out!("no semaphores under key prefix {:?}\n", g.prefix);
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                e.name.clone(),
+                e.limit.to_string(),
+                e.in_use.to_string(),
+                e.holders.to_string(),
+                e.waiters.to_string(),
+                e.oldest_wait_ms
+                    .map(|ms| fmt_dur(Duration::from_millis(ms)))
+                    .unwrap_or_else(|| "-".into()),
+                e.grants_total.to_string(),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        table(
+            &[
+                "NAME",
+                "LIMIT",
+                "IN USE",
+                "HOLDERS",
+                "WAITERS",
+                "OLDEST WAIT",
+                "GRANTS"
+            ],
+            &rows
+        )
+    );
+    Ok(0)
+}
+
+/// `redsem limit NAME L`.
+pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    let old = client.resize_existing(&a.name, a.limit).await?;
+    let note = if a.limit < old {
+        " (holders above the new limit finish first; nobody is admitted until usage is below it)"
+    } else if a.limit > old {
+        " (waiters admitted at once)"
+    } else {
+        ""
+    };
+    out!("semaphore {:?}: limit {old} -> {}{note}\n", a.name, a.limit);
+    Ok(0)
+}
+
+/// `redsem release NAME --holder ID`.
+pub async fn release(g: &Global, a: ReleaseArgs) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    // best effort: say what is being released
+    let before = client.inspect(&a.name).await?;
+    let what = if let Some(h) = before.holders.iter().find(|h| h.id == a.holder) {
+        format!(
+            "holder {} ({}, slot:fence {}, held {})",
+            h.id,
+            h.label,
+            fmt_fences(&h.fences),
+            fmt_dur(h.held)
+        )
+    } else if let Some(w) = before.waiters.iter().find(|w| w.id == a.holder) {
+        format!(
+            "waiter {} ({}, queue position {})",
+            w.id, w.label, w.position
+        )
+    } else {
+        format!("holder {}", a.holder)
+    };
+    if client.force_release_existing(&a.name, &a.holder).await? {
+        out!(
+            "semaphore {:?}: released {what}; the fences of its slots advanced\n",
+            a.name
+        );
+        Ok(0)
+    } else {
+        Err(Failure::NotFound(format!(
+            "semaphore {:?} has no holder or waiter {:?} (it may have finished; `redsem stats {}` lists them)",
+            a.name, a.holder, a.name
+        )))
+    }
+}

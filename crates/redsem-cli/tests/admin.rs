@@ -1,0 +1,541 @@
+//! The operator commands (`stats`, `list`, `watch`, `limit`, `release`, `exporter`) and
+//! error reporting, tested through the built binary against a private Redis server.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+/// One holder and one waiter of `name` (limit 1), kept until dropped.
+fn busy(server: &Server, name: &str) -> (Background, Background) {
+    let holder = Background::spawn(redsem(server).args([
+        "run",
+        "--name",
+        name,
+        "--limit",
+        "1",
+        "--label",
+        "the holder",
+        "--",
+        "sleep",
+        "60",
+    ]));
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(server, name) == Some((1, 0))
+    });
+    let waiter = Background::spawn(redsem(server).args([
+        "run",
+        "--name",
+        name,
+        "--limit",
+        "1",
+        "--label",
+        "the waiter",
+        "--",
+        "true",
+    ]));
+    wait_until(Duration::from_secs(20), "the waiter", || {
+        counts(server, name) == Some((1, 1))
+    });
+    (holder, waiter)
+}
+
+fn assert_u64(v: &Value, what: &str) {
+    assert!(v.is_u64(), "{what} should be an unsigned integer: {v}");
+}
+
+/// The schema of `stats --json` (documented in README-cli.md).
+#[test]
+fn stats_json_schema() {
+    let server = Server::start(Flavor::Redis);
+    let _busy = busy(&server, "schema");
+    let s = stats_json(&server, "schema");
+    let obj = s.as_object().unwrap();
+    let mut fields: Vec<&str> = obj.keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "available",
+            "expired_total",
+            "grants_total",
+            "holders",
+            "in_use",
+            "limit",
+            "name",
+            "server_time_ms",
+            "waiters"
+        ]
+    );
+    assert_eq!(s["name"], "schema");
+    assert_eq!(s["limit"], 1);
+    assert_eq!(s["in_use"], 1);
+    assert_eq!(s["available"], 0);
+    assert_eq!(s["grants_total"], 1);
+    assert_eq!(s["expired_total"], 0);
+    assert_u64(&s["server_time_ms"], "server_time_ms");
+
+    let h = &s["holders"][0];
+    let mut fields: Vec<&str> = h.as_object().unwrap().keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        ["fences", "held", "id", "label", "lease_left", "permits"]
+    );
+    assert!(h["id"].is_string());
+    assert_eq!(h["label"], "the holder");
+    assert_eq!(h["permits"], 1);
+    assert_eq!(
+        h["fences"],
+        serde_json::json!([{"slot": 0, "generation": 1}])
+    );
+    assert_u64(&h["held"], "held (ms)");
+    assert_u64(&h["lease_left"], "lease_left (ms)");
+
+    let w = &s["waiters"][0];
+    let mut fields: Vec<&str> = w.as_object().unwrap().keys().map(String::as_str).collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "id",
+            "label",
+            "lease_left",
+            "permits",
+            "position",
+            "ticket",
+            "waited"
+        ]
+    );
+    assert_eq!(w["label"], "the waiter");
+    assert_eq!(w["permits"], 1);
+    assert_eq!(w["position"], 0);
+    assert_eq!(w["ticket"], 2);
+    assert_u64(&w["waited"], "waited (ms)");
+    assert_u64(&w["lease_left"], "lease_left (ms)");
+
+    // the human view names the same things
+    let out = run(redsem(&server).args(["stats", "schema"]));
+    assert_eq!(code(&out), 0);
+    let text = stdout(&out);
+    assert!(text.contains("limit 1, 1 in use"), "{text}");
+    assert!(
+        text.contains("the holder") && text.contains("the waiter"),
+        "{text}"
+    );
+}
+
+/// `list` shows every semaphore under the prefix, and only those; it creates nothing.
+#[test]
+fn list_shows_every_semaphore_under_the_prefix() {
+    let server = Server::start(Flavor::Redis);
+    let out = run(redsem(&server).args(["list"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("no semaphores"), "{}", stdout(&out));
+
+    let _busy = busy(&server, "alpha");
+    let out = run(redsem(&server).args(["run", "--name", "beta", "--limit", "5", "--", "true"]));
+    assert_eq!(code(&out), 0);
+    let out = run(redsem(&server).args([
+        "--prefix", "other", "run", "--name", "gamma", "--limit", "1", "--", "true",
+    ]));
+    assert_eq!(code(&out), 0);
+
+    let out = run(redsem(&server).args(["list", "--json"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    let alpha = &v[0];
+    assert_eq!(alpha["limit"], 1);
+    assert_eq!(alpha["holders"], 1);
+    assert_eq!(alpha["waiters"], 1);
+    assert!(alpha["oldest_wait_ms"].is_u64());
+    assert_eq!(v[1]["limit"], 5);
+    assert!(v[1]["oldest_wait_ms"].is_null());
+
+    let out = run(redsem(&server).args(["list"]));
+    let text = stdout(&out);
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(
+        text.contains("alpha") && text.contains("beta") && !text.contains("gamma"),
+        "{text}"
+    );
+
+    let out = run(redsem(&server).args(["--prefix", "other", "list", "--json"]));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+
+    // inspecting never creates
+    let out = run(redsem(&server).args(["stats", "ghost"]));
+    assert_eq!(code(&out), 3);
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{ghost}:cfg"]).as_int(),
+        Some(0)
+    );
+}
+
+/// `limit` resizes live (a grown limit admits the waiter at once); `release` of an unknown
+/// holder or semaphore exits 3.
+#[test]
+fn limit_resizes_live_and_release_reports_unknown_holders() {
+    let server = Server::start(Flavor::Redis);
+    let (_holder, mut waiter) = busy(&server, "grow");
+    let out = run(redsem(&server).args(["limit", "grow", "2"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("limit 1 -> 2"), "{}", stdout(&out));
+    // the waiter (opened with --limit 1) is admitted and its `true` exits 0
+    let (code_w, err) = waiter.finish(Duration::from_secs(10));
+    assert_eq!(code_w, 0, "{err}");
+    assert_eq!(stats_json(&server, "grow")["limit"], 2);
+
+    let out = run(redsem(&server).args(["limit", "nope", "2"]));
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{nope}:cfg"]).as_int(),
+        Some(0)
+    );
+    let out = run(redsem(&server).args(["limit", "grow", "0"]));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+
+    let out = run(redsem(&server).args(["release", "grow", "--holder", "nobody"]));
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no holder or waiter"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(redsem(&server).args(["release", "nope", "--holder", "x"]));
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+
+    // a limit conflict in `run` is redsem's own error, 125
+    let out = run(redsem(&server).args(["run", "--name", "grow", "--limit", "7", "--", "true"]));
+    assert_eq!(code(&out), 125);
+    assert!(stderr(&out).contains("--limit 2"), "{}", stderr(&out));
+}
+
+/// `watch` without a terminal prints one block per refresh, with the alerts.
+#[test]
+fn watch_prints_blocks_and_alerts() {
+    let server = Server::start(Flavor::Redis);
+    // limit 2: one holder of 1 permit, a request for 2 at the head: waiters while 1 is free
+    let _h = Background::spawn(
+        redsem(&server).args(["run", "--name", "hol", "--limit", "2", "--", "sleep", "60"]),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "hol") == Some((1, 0))
+    });
+    let _w = Background::spawn(redsem(&server).args([
+        "run",
+        "--name",
+        "hol",
+        "--limit",
+        "2",
+        "--permits",
+        "2",
+        "--",
+        "true",
+    ]));
+    wait_until(Duration::from_secs(20), "the waiter", || {
+        counts(&server, "hol") == Some((1, 1))
+    });
+
+    let out =
+        run(redsem(&server).args(["watch", "hol", "--interval", "200ms", "--iterations", "2"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.matches("redsem watch \"hol\"").count(), 2, "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "no escape sequences without a terminal: {text}"
+    );
+    assert!(text.contains("wait trend"), "{text}");
+    assert!(
+        text.contains("WARNING: 1 waiter(s) stay queued while 1 permit(s) are free"),
+        "{text}"
+    );
+
+    // limit 1: a holder and two waiters: the queue stays above the limit
+    let _h2 = Background::spawn(
+        redsem(&server).args(["run", "--name", "long", "--limit", "1", "--", "sleep", "60"]),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "long") == Some((1, 0))
+    });
+    let _w2: Vec<Background> = (0..2)
+        .map(|_| {
+            Background::spawn(
+                redsem(&server).args(["run", "--name", "long", "--limit", "1", "--", "true"]),
+            )
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), "the waiters", || {
+        counts(&server, "long") == Some((1, 2))
+    });
+    let out = run(redsem(&server).args([
+        "watch",
+        "long",
+        "--interval",
+        "200ms",
+        "--iterations",
+        "3",
+        "--alert-after",
+        "300ms",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let blocks: Vec<&str> = text.split("redsem watch").skip(1).collect();
+    assert_eq!(blocks.len(), 3, "{text}");
+    assert!(
+        !blocks[0].contains("stayed above the limit"),
+        "not before --alert-after: {text}"
+    );
+    assert!(
+        blocks[2].contains("WARNING: the queue (2) has stayed above the limit (1)"),
+        "{text}"
+    );
+
+    let out = run(redsem(&server).args(["watch", "ghost", "--iterations", "1"]));
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The exporter, scraped over HTTP.
+#[test]
+fn exporter_is_scraped_over_http() {
+    let server = Server::start(Flavor::Redis);
+    let _busy = busy(&server, "lic\"ence");
+    let out = run(redsem(&server).args(["run", "--name", "idle", "--limit", "4", "--", "true"]));
+    assert_eq!(code(&out), 0);
+
+    let mut exporter = Background::spawn(
+        redsem(&server)
+            .args(["exporter", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped()),
+    );
+    let line = exporter.stderr_line_with("serving http://");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_owned();
+
+    let response = http_get(&addr, "/metrics");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(length, body.len());
+    for expected in [
+        r#"redsem_limit{semaphore="idle"} 4"#,
+        r#"redsem_limit{semaphore="lic\"ence"} 1"#,
+        r#"redsem_holders{semaphore="lic\"ence"} 1"#,
+        r#"redsem_permits_in_use{semaphore="lic\"ence"} 1"#,
+        r#"redsem_waiters{semaphore="lic\"ence"} 1"#,
+        r#"redsem_waiters{semaphore="idle"} 0"#,
+        r#"redsem_grants_total{semaphore="lic\"ence"} 1"#,
+        r#"redsem_grants_total{semaphore="idle"} 1"#,
+        r#"redsem_expired_total{semaphore="idle"} 0"#,
+        r#"redsem_oldest_wait_seconds{semaphore="idle"} 0.000"#,
+        "# TYPE redsem_grants_total counter",
+        "# TYPE redsem_limit gauge",
+        "redsem_up 1",
+    ] {
+        assert!(
+            body.lines().any(|l| l == expected),
+            "missing {expected:?} in:\n{body}"
+        );
+    }
+    let wait: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"redsem_oldest_wait_seconds{semaphore="lic\"ence"} "#))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(wait > 0.0, "{body}");
+    // every sample line is `name{labels} value` or `name value`
+    for l in body.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = l.rsplit_once(' ').unwrap();
+        value
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("bad sample {l:?}"));
+    }
+
+    assert!(http_get(&addr, "/other").starts_with("HTTP/1.1 404"));
+
+    // Redis gone: still serving, redsem_up 0
+    drop(_busy);
+    drop(server);
+    let response = http_get(&addr, "/metrics");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\nredsem_up 0\n"), "{response}");
+}
+
+/// Every error is one line a person understands, with a non-zero exit.
+#[test]
+fn errors_are_one_line_with_a_nonzero_exit() {
+    let server = Server::start(Flavor::Redis);
+    let secured = Server::start_with(
+        Flavor::Redis,
+        ServerOptions {
+            password: Some("s3cret".into()),
+            ..ServerOptions::default()
+        },
+    );
+    server.cmd(&["SET", "redsem:{foreign}:cfg", "not a hash"]);
+    let free = test_support::free_port();
+    let unreachable = format!("redis://127.0.0.1:{free}/");
+    let bad_password = format!("redis://:wrong@127.0.0.1:{}/", secured.port());
+    let url = server.url();
+
+    let cases: Vec<(Vec<String>, &str, i32, &str)> = vec![
+        (
+            vec!["stats".into(), "nope".into()],
+            &url,
+            3,
+            "unknown semaphore \"nope\"",
+        ),
+        (
+            vec!["stats".into(), "x".into()],
+            &*unreachable,
+            1,
+            "cannot connect to",
+        ),
+        (
+            vec!["list".into()],
+            "htp://nowhere",
+            1,
+            "cannot parse Redis URL",
+        ),
+        (
+            vec!["stats".into(), "x".into()],
+            &*bad_password,
+            1,
+            "authentication failed",
+        ),
+        (vec!["stats".into(), "foreign".into()], &url, 1, "WRONGTYPE"),
+        (
+            vec!["limit".into(), "foreign".into(), "3".into()],
+            &url,
+            1,
+            "WRONGTYPE",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--name".into(),
+                "x".into(),
+                "--limit".into(),
+                "1".into(),
+                "--".into(),
+                "true".into(),
+            ],
+            &*unreachable,
+            125,
+            "cannot connect to",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--name".into(),
+                "foreign".into(),
+                "--limit".into(),
+                "1".into(),
+                "--".into(),
+                "true".into(),
+            ],
+            &url,
+            125,
+            "WRONGTYPE",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--name".into(),
+                "a b".into(),
+                "--limit".into(),
+                "1".into(),
+                "--".into(),
+                "true".into(),
+            ],
+            &url,
+            125,
+            "whitespace",
+        ),
+    ];
+    for (args, url, want_code, needle) in cases {
+        let out = run(redsem_at(url).args(&args));
+        let err = stderr(&out);
+        assert_eq!(code(&out), want_code, "{args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+        assert!(err.starts_with("redsem: "), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {needle:?} not in {err}");
+        assert!(
+            !err.contains("s3cret") && !err.contains(":wrong@"),
+            "password shown: {err}"
+        );
+    }
+
+    // usage errors: 2, except for `run`, whose 1..=123 belong to the command
+    let out = run(redsem(&server).args(["stats"]));
+    assert_eq!(code(&out), 2);
+    let out = run(redsem(&server).args(["run", "--name", "x", "--limit", "1"]));
+    assert_eq!(code(&out), 125);
+}
+
+/// `--redis-url` with a unix socket (and a bare socket path).
+#[test]
+fn unix_sockets_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("redis.sock");
+    let server = Server::start_with(
+        Flavor::Redis,
+        ServerOptions {
+            extra_args: vec!["--unixsocket".into(), sock.display().to_string()],
+            ..ServerOptions::default()
+        },
+    );
+    let out = run(redsem_at(&format!("unix://{}", sock.display()))
+        .args(["run", "--name", "sock", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem_at(&sock.display().to_string()).args(["list", "--json"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["name"], "sock");
+    drop(server);
+}

@@ -1,0 +1,432 @@
+//! `redsem run`, tested through the built binary against a private Redis server.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// 8 `redsem run` in parallel with limit 2: each command records its own start and end;
+/// never more than 2 ran at once, all 8 ran, concurrent holders had distinct slots, and
+/// each slot's fencing token grew with every holder.
+#[test]
+fn eight_parallel_runs_never_exceed_the_limit() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("events.log");
+    let script = r#"echo "start $REDSEM_SLOTS $REDSEM_FENCES $(date +%s%N)" >> "$LOG"; sleep 0.3; echo "end $REDSEM_SLOTS $REDSEM_FENCES $(date +%s%N)" >> "$LOG""#;
+    let mut runs: Vec<Background> = (0..8)
+        .map(|i| {
+            Background::spawn(
+                redsem(&server)
+                    .args(["run", "--name", "par", "--limit", "2", "--label"])
+                    .arg(format!("job-{i}"))
+                    .args(["--", "sh", "-c", script])
+                    .env("LOG", &log)
+                    .stderr(Stdio::piped()),
+            )
+        })
+        .collect();
+    for r in &mut runs {
+        let (rc, err) = r.finish(Duration::from_secs(60));
+        assert_eq!(rc, 0, "redsem run failed: {err}");
+    }
+
+    // (time, is_start, slot, fence)
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut events: Vec<(u128, bool, u32, String)> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 4, "bad line {l:?}");
+            (
+                f[3].parse().unwrap(),
+                f[0] == "start",
+                f[1].parse().unwrap(),
+                f[2].to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        events.iter().filter(|e| e.1).count(),
+        8,
+        "all 8 ran:\n{text}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| !e.1).count(),
+        8,
+        "all 8 ended:\n{text}"
+    );
+    events.sort();
+    let mut running = BTreeSet::new();
+    let mut most = 0;
+    let mut last_fence: BTreeMap<u32, u64> = BTreeMap::new();
+    for (_, start, slot, fence) in &events {
+        if *start {
+            assert!(
+                running.insert(*slot),
+                "slot {slot} held twice at once:\n{text}"
+            );
+            most = most.max(running.len());
+            let (s, generation) = fence.split_once(':').unwrap();
+            assert_eq!(s.parse::<u32>().unwrap(), *slot);
+            let generation: u64 = generation.parse().unwrap();
+            let prev = last_fence.insert(*slot, generation).unwrap_or(0);
+            assert!(
+                generation > prev,
+                "fence of slot {slot} did not grow:\n{text}"
+            );
+        } else {
+            assert!(running.remove(slot));
+        }
+    }
+    assert!(most <= 2, "{most} commands ran at once:\n{text}");
+    assert_eq!(most, 2, "the two permits were never used together:\n{text}");
+    assert!(running.is_empty());
+    assert_eq!(counts(&server, "par"), Some((0, 0)));
+    let s = stats_json(&server, "par");
+    assert_eq!(s["grants_total"], 8);
+}
+
+/// The environment of the command, and its exit code passed through.
+#[test]
+fn the_command_sees_its_slot_and_its_exit_code_is_returned() {
+    let server = Server::start(Flavor::Redis);
+    let out = run(redsem(&server).args([
+        "run",
+        "--name",
+        "env",
+        "--limit",
+        "3",
+        "--permits",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$REDSEM_NAME|$REDSEM_SLOTS|$REDSEM_FENCES|$REDSEM_TICKET|$REDSEM_HOLDER\"; exit 7",
+    ]));
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    let line = stdout(&out);
+    let f: Vec<&str> = line.trim().split('|').collect();
+    assert_eq!(&f[..4], ["env", "0,1", "0:1,1:1", "1"], "{line}");
+    assert!(!f[4].is_empty());
+    // released at once
+    assert_eq!(counts(&server, "env"), Some((0, 0)));
+
+    let out = run(redsem(&server).args([
+        "run",
+        "--name",
+        "env",
+        "--limit",
+        "3",
+        "--",
+        "no-such-command-xyz",
+    ]));
+    assert_eq!(code(&out), 127, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("command not found"),
+        "{}",
+        stderr(&out)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let not_executable = dir.path().join("data.txt");
+    std::fs::write(&not_executable, "not a program\n").unwrap();
+    let out = run(redsem(&server)
+        .args(["run", "--name", "env", "--limit", "3", "--"])
+        .arg(&not_executable));
+    assert_eq!(code(&out), 126, "{}", stderr(&out));
+    assert_eq!(
+        counts(&server, "env"),
+        Some((0, 0)),
+        "a failed exec releases the permits"
+    );
+}
+
+/// The lease is deleted behind a running command (as if Redis lost it): the command's
+/// whole process group gets SIGTERM, then SIGKILL since it ignores SIGTERM; redsem exits 75.
+#[test]
+fn a_lost_lease_kills_the_process_group() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        r#"trap '' TERM; echo $$ > "$DIR/sh.pid"; sleep 60 & echo $! > "$DIR/sleep.pid"; wait"#;
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args([
+                "run",
+                "--name",
+                "lost",
+                "--limit",
+                "1",
+                "--lease",
+                "3s",
+                "--kill-after",
+                "1s",
+            ])
+            .args(["--", "sh", "-c", script])
+            .env("DIR", dir.path())
+            .stderr(Stdio::piped()),
+    );
+    let sh = read_pid(&dir.path().join("sh.pid"));
+    let sleep = read_pid(&dir.path().join("sleep.pid"));
+    assert!(!is_dead(sh) && !is_dead(sleep));
+
+    let mut del = vec!["DEL"];
+    let keys = keys("lost");
+    del.extend(keys.iter().map(String::as_str));
+    server.cmd(&del);
+    let deleted = Instant::now();
+
+    let (rc, err) = r.finish(Duration::from_secs(20));
+    assert_eq!(rc, 75, "{err}");
+    assert!(err.contains("lost the slot"), "{err}");
+    assert!(err.contains("SIGTERM") && err.contains("SIGKILL"), "{err}");
+    // one renewal interval (1s) + the grace period (1s), with slack for a loaded machine
+    assert!(deleted.elapsed() < Duration::from_secs(10));
+    wait_until(Duration::from_secs(5), "the process group to die", || {
+        is_dead(sh) && is_dead(sleep)
+    });
+}
+
+/// An operator's `redsem release` of a running holder: the command is terminated (exit 75)
+/// and the fence of its slot advances, so the next holder's token is two higher.
+#[test]
+fn an_operator_release_terminates_the_command() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args(["run", "--name", "op", "--limit", "1", "--lease", "3s"])
+            .args([
+                "--",
+                "sh",
+                "-c",
+                r#"echo "$REDSEM_HOLDER" > "$DIR/holder"; exec sleep 60"#,
+            ])
+            .env("DIR", dir.path())
+            .stderr(Stdio::piped()),
+    );
+    let holder_file = dir.path().join("holder");
+    wait_until(Duration::from_secs(20), "the command to start", || {
+        std::fs::read_to_string(&holder_file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let holder = std::fs::read_to_string(&holder_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let out = run(redsem(&server).args(["release", "op", "--holder", &holder]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains(&holder), "{}", stdout(&out));
+
+    let (rc, err) = r.finish(Duration::from_secs(20));
+    assert_eq!(rc, 75, "{err}");
+    assert!(err.contains("lost the slot"), "{err}");
+
+    let out = run(redsem(&server).args([
+        "run",
+        "--name",
+        "op",
+        "--limit",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo $REDSEM_FENCES",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        "0:3",
+        "grant 1, forced release, grant 3"
+    );
+
+    let out = run(redsem(&server).args(["release", "op", "--holder", &holder]));
+    assert_eq!(code(&out), 3, "releasing twice: not found");
+}
+
+/// No permit within --timeout: exit 124, the command does not run, and the ticket leaves
+/// the queue at once.
+#[test]
+fn timing_out_exits_124() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let _holder = Background::spawn(
+        redsem(&server).args(["run", "--name", "busy", "--limit", "1", "--", "sleep", "60"]),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "busy") == Some((1, 0))
+    });
+
+    let started = Instant::now();
+    let out = run(redsem(&server)
+        .args([
+            "run",
+            "--name",
+            "busy",
+            "--limit",
+            "1",
+            "--timeout",
+            "700ms",
+            "--",
+            "touch",
+        ])
+        .arg(&marker));
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    assert!(stderr(&out).contains("timeout"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+    assert!(!marker.exists(), "the command must not run");
+    assert_eq!(
+        counts(&server, "busy"),
+        Some((1, 0)),
+        "the ticket left the queue"
+    );
+
+    let out = run(redsem(&server)
+        .args([
+            "run",
+            "--name",
+            "busy",
+            "--limit",
+            "1",
+            "--timeout",
+            "0",
+            "--",
+            "touch",
+        ])
+        .arg(&marker));
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(!marker.exists());
+}
+
+/// SIGTERM to `redsem run` reaches the command's process group; the slot is free as soon
+/// as redsem exits (not after the 30 s lease), so a waiter gets it at once. A signal to a
+/// waiting `redsem run` takes its ticket out of the queue.
+#[test]
+fn sigterm_reaches_the_command_and_frees_the_slot_at_once() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"trap 'echo TERM > "$DIR/got"; exit 0' TERM; echo $$ > "$DIR/sh.pid"; while :; do sleep 0.05; done"#;
+    let mut holder = Background::spawn(
+        redsem(&server)
+            .args([
+                "run", "--name", "sig", "--limit", "1", "--lease", "30s", "--", "sh", "-c", script,
+            ])
+            .env("DIR", dir.path())
+            .stderr(Stdio::piped()),
+    );
+    read_pid(&dir.path().join("sh.pid"));
+
+    // a waiter that gives up on SIGINT
+    let mut quitter = Background::spawn(
+        redsem(&server)
+            .args(["run", "--name", "sig", "--limit", "1", "--", "true"])
+            .stderr(Stdio::piped()),
+    );
+    // and one that will get the slot
+    let mut next = Background::spawn(
+        redsem(&server)
+            .args([
+                "run",
+                "--name",
+                "sig",
+                "--limit",
+                "1",
+                "--timeout",
+                "20s",
+                "--",
+                "true",
+            ])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "two waiters", || {
+        counts(&server, "sig") == Some((1, 2))
+    });
+    quitter.signal(libc::SIGINT);
+    let (rc, err) = quitter.finish(Duration::from_secs(10));
+    assert_eq!(rc, 130, "{err}");
+    assert_eq!(
+        counts(&server, "sig"),
+        Some((1, 1)),
+        "the ticket left the queue at once"
+    );
+
+    let sent = Instant::now();
+    holder.signal(libc::SIGTERM);
+    let (rc, err) = holder.finish(Duration::from_secs(10));
+    assert_eq!(rc, 0, "the command handled SIGTERM and exited 0: {err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("got"))
+            .unwrap()
+            .trim(),
+        "TERM"
+    );
+    let (rc, err) = next.finish(Duration::from_secs(20));
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "the waiter got the slot long before the 30 s lease"
+    );
+    assert_eq!(counts(&server, "sig"), Some((0, 0)));
+
+    // a command killed by the forwarded signal: 128 + 15
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args([
+                "run", "--name", "sig", "--limit", "1", "--lease", "30s", "--", "sh", "-c",
+            ])
+            .arg(r#"echo $$ > "$DIR/sleep.pid"; exec sleep 60"#)
+            .env("DIR", dir.path())
+            .stderr(Stdio::piped()),
+    );
+    let pid = read_pid(&dir.path().join("sleep.pid"));
+    r.signal(libc::SIGTERM);
+    let (rc, err) = r.finish(Duration::from_secs(10));
+    assert_eq!(rc, 143, "{err}");
+    assert!(is_dead(pid));
+    assert_eq!(counts(&server, "sig"), Some((0, 0)));
+}
+
+/// `redsem run` killed with SIGKILL: the command gets SIGTERM (parent-death signal), and
+/// the slot frees when its lease expires.
+#[test]
+fn a_killed_redsem_frees_the_slot_within_its_lease() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args([
+                "run", "--name", "kill9", "--limit", "1", "--lease", "2s", "--", "sh", "-c",
+            ])
+            .arg(r#"echo $$ > "$DIR/sleep.pid"; exec sleep 60"#)
+            .env("DIR", dir.path()),
+    );
+    let pid = read_pid(&dir.path().join("sleep.pid"));
+    r.signal(libc::SIGKILL);
+    r.wait_timeout(Duration::from_secs(5)).unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the command to die with redsem",
+        || is_dead(pid),
+    );
+    let killed = Instant::now();
+    let out = run(redsem(&server).args([
+        "run",
+        "--name",
+        "kill9",
+        "--limit",
+        "1",
+        "--timeout",
+        "10s",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "freed within the 2 s lease"
+    );
+}
