@@ -173,9 +173,7 @@ impl Client {
         }
         // common header (see prelude.lua); the limit is never used: the guard returns first
         // when the configuration is missing
-        inv.arg(1)
-            .arg(&keys.channel_base)
-            .arg(self.inner.publish);
+        inv.arg(1).arg(&keys.channel_base).arg(self.inner.publish);
         for a in args {
             inv.arg(a);
         }

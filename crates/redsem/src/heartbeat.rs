@@ -140,7 +140,7 @@ async fn beat(sh: &Arc<SemShared>) {
                 match state {
                     EntryState::Held(grant) => sh.deliver(id, Delivery::Granted(grant.clone())),
                     EntryState::Gone => sh.deliver(id, Delivery::Lost),
-                    EntryState::Waiting => {}
+                    EntryState::Waiting => sh.state.lock().unwrap().waiter_renewed(id, sent),
                 }
             }
         }

@@ -253,6 +253,9 @@ pub(crate) enum Delivery {
 
 struct Waiter {
     tx: oneshot::Sender<Outcome>,
+    /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
+    /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
+    renewed_at: Instant,
 }
 
 /// This process's view of one semaphore handle: its waiters and holders.
@@ -285,6 +288,12 @@ impl Default for Local {
 impl Local {
     pub(crate) fn waiter_ids(&self) -> Vec<String> {
         self.waiters.keys().cloned().collect()
+    }
+    /// Records a confirmed renewal of a waiter's lease, sent at `sent`.
+    pub(crate) fn waiter_renewed(&mut self, id: &str, sent: Instant) {
+        if let Some(w) = self.waiters.get_mut(id) {
+            w.renewed_at = w.renewed_at.max(sent);
+        }
     }
     pub(crate) fn has_waiters(&self) -> bool {
         !self.waiters.is_empty()
@@ -346,7 +355,7 @@ impl SemShared {
         };
         let outcome = match what {
             Delivery::Granted(grant) => {
-                let lease = Arc::new(LeaseState::new(Instant::now()));
+                let lease = Arc::new(LeaseState::new(waiter.renewed_at));
                 st.holders.insert(id.to_owned(), lease.clone());
                 Outcome::Granted(grant, lease)
             }
@@ -357,7 +366,11 @@ impl SemShared {
             st.holders.remove(id);
             drop(st);
             self.release_in_background(id.to_owned());
+            return;
         }
+        drop(st);
+        // the heartbeat's schedule changed (a new holder to renew, one waiter fewer)
+        self.poke.notify_one();
     }
 
     /// Handles a message from this handle's channel.
@@ -453,6 +466,7 @@ impl SemShared {
                 try_only,
             };
             let target = self.core.target();
+            let sent = Instant::now();
             let reply = tokio::select! {
                 r = scripts::acquire(&mut conn, &target, &args) => {
                     r.map_err(|e| Error::from_redis(e, self.name()))?
@@ -462,12 +476,13 @@ impl SemShared {
             };
             match reply {
                 AcquireReply::Granted(grant) if try_only => {
-                    let lease = Arc::new(LeaseState::new(Instant::now()));
+                    let lease = Arc::new(LeaseState::new(sent));
                     self.state
                         .lock()
                         .unwrap()
                         .holders
                         .insert(pending.id.clone(), lease.clone());
+                    self.poke.notify_one();
                     let id = pending.disarm();
                     return Ok(Permit::new(self.clone(), id, n, grant, lease, local));
                 }
@@ -548,7 +563,15 @@ impl<'a> Pending<'a> {
             if st.waiters.is_empty() {
                 st.waiters_checked_at = Instant::now();
             }
-            st.waiters.insert(id.clone(), Waiter { tx });
+            st.waiters.insert(
+                id.clone(),
+                Waiter {
+                    tx,
+                    renewed_at: Instant::now(),
+                },
+            );
+            drop(st);
+            shared.poke.notify_one();
             Some(rx)
         };
         Pending {

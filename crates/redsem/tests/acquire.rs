@@ -57,7 +57,11 @@ async fn waiters_are_granted_in_ticket_order() {
                 drop(p);
             }));
             // wait until this waiter is queued before starting the next one
-            assert!(eventually(Duration::from_secs(5), || card(&server, "fifo", "queue") == i + 1).await);
+            assert!(
+                eventually(Duration::from_secs(5), || card(&server, "fifo", "queue")
+                    == i + 1)
+                .await
+            );
         }
         drop(first);
         let mut order = Vec::new();
@@ -65,8 +69,16 @@ async fn waiters_are_granted_in_ticket_order() {
             order.push(rx.recv().await.unwrap());
         }
         let tasks_in_order: Vec<i64> = order.iter().map(|o| o.0).collect();
-        assert_eq!(tasks_in_order, (0..8).collect::<Vec<_>>(), "{}", server.flavor());
-        assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "tickets ascend: {order:?}");
+        assert_eq!(
+            tasks_in_order,
+            (0..8).collect::<Vec<_>>(),
+            "{}",
+            server.flavor()
+        );
+        assert!(
+            order.windows(2).all(|w| w[0].1 < w[1].1),
+            "tickets ascend: {order:?}"
+        );
         for t in tasks {
             t.await.unwrap();
         }
@@ -80,16 +92,30 @@ async fn try_acquire_fails_fast_when_full_or_when_others_queue() {
         let sem = open(&client, "try", 2, LEASE).await;
         let a = sem.try_acquire().await.unwrap();
         let _b = sem.try_acquire().await.unwrap();
-        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        assert!(matches!(
+            sem.try_acquire().await,
+            Err(redsem::Error::NoPermits)
+        ));
         // a queued waiter has priority over a later try_acquire even when a permit frees
         let waiter = {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire_many(2).await.unwrap() })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "try", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "try", "queue")
+                == 1)
+            .await
+        );
         drop(a);
-        assert!(eventually(Duration::from_secs(5), || card(&server, "try", "slots") == 1).await);
-        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "try", "slots")
+                == 1)
+            .await
+        );
+        assert!(matches!(
+            sem.try_acquire().await,
+            Err(redsem::Error::NoPermits)
+        ));
         drop(_b);
         let w = waiter.await.unwrap();
         assert_eq!(w.num_permits(), 2);
@@ -116,7 +142,11 @@ async fn acquire_many_at_the_head_blocks_smaller_requests_behind_it() {
                 p
             })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "many", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "many", "queue")
+                == 1)
+            .await
+        );
         let small = {
             let (sem, tx) = (sem.clone(), tx.clone());
             tokio::spawn(async move {
@@ -125,13 +155,20 @@ async fn acquire_many_at_the_head_blocks_smaller_requests_behind_it() {
                 p
             })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "many", "queue") == 2).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "many", "queue")
+                == 2)
+            .await
+        );
         // one permit is free, but the head needs three: nobody is admitted
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(rx.try_recv().is_err());
         drop(one);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(rx.try_recv().is_err(), "the small request must not overtake the big one");
+        assert!(
+            rx.try_recv().is_err(),
+            "the small request must not overtake the big one"
+        );
         drop(two);
         assert_eq!(rx.recv().await, Some("big"));
         let big = big.await.unwrap();
@@ -158,7 +195,10 @@ async fn slots_are_unique_among_holders_and_fences_advance_per_slot() {
         slots.sort();
         assert_eq!(slots, vec![0, 1, 2, 3]);
         let gen_of = |p: &redsem::Permit, slot: u32| {
-            p.fences().iter().find(|f| f.slot == slot).map(|f| f.generation)
+            p.fences()
+                .iter()
+                .find(|f| f.slot == slot)
+                .map(|f| f.generation)
         };
         let first_gen: Vec<u64> = (0..4)
             .map(|s| held.iter().find_map(|p| gen_of(p, s)).unwrap())
@@ -185,24 +225,49 @@ async fn resize_grows_at_once_and_shrinks_as_holders_leave() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await.unwrap() })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "resize", "queue")
+                == 1)
+            .await
+        );
         assert_eq!(sem.resize(2).await.unwrap(), 1);
-        let b = tokio::time::timeout(Duration::from_secs(2), waiter).await.unwrap().unwrap();
+        let b = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(b.slots(), vec![1]);
         // shrink to 1 while two hold: nobody is admitted until both are gone... then one
         assert_eq!(sem.resize(1).await.unwrap(), 2);
         let stats = sem.stats().await.unwrap();
         assert_eq!((stats.limit, stats.in_use, stats.available), (1, 2, 0));
         drop(b);
-        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "slots") == 1).await);
-        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "resize", "slots")
+                == 1)
+            .await
+        );
+        assert!(matches!(
+            sem.try_acquire().await,
+            Err(redsem::Error::NoPermits)
+        ));
         drop(a);
-        assert!(eventually(Duration::from_secs(5), || card(&server, "resize", "slots") == 0).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "resize", "slots")
+                == 0)
+            .await
+        );
         let c = sem.try_acquire().await.unwrap();
         assert_eq!(c.slots(), vec![0]);
         // a new process must now open with the new limit
         let other = client.semaphore("resize", 2).open().await;
-        assert!(matches!(other, Err(redsem::Error::LimitConflict { stored: 1, requested: 2, .. })));
+        assert!(matches!(
+            other,
+            Err(redsem::Error::LimitConflict {
+                stored: 1,
+                requested: 2,
+                ..
+            })
+        ));
     }
 }
 
@@ -210,12 +275,31 @@ async fn resize_grows_at_once_and_shrinks_as_holders_leave() {
 async fn stats_list_holders_and_waiters_in_queue_order() {
     for server in servers() {
         let client = client(&server).await;
-        let sem = client.semaphore("stats", 1).label("worker-a").open().await.unwrap();
+        let sem = client
+            .semaphore("stats", 1)
+            .label("worker-a")
+            .open()
+            .await
+            .unwrap();
         let held = sem.acquire().await.unwrap();
-        let w1 = { let s = sem.clone(); tokio::spawn(async move { s.acquire().await.map(drop) }) };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "stats", "queue") == 1).await);
-        let w2 = { let s = sem.clone(); tokio::spawn(async move { s.acquire_many(1).await.map(drop) }) };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "stats", "queue") == 2).await);
+        let w1 = {
+            let s = sem.clone();
+            tokio::spawn(async move { s.acquire().await.map(drop) })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "stats", "queue")
+                == 1)
+            .await
+        );
+        let w2 = {
+            let s = sem.clone();
+            tokio::spawn(async move { s.acquire_many(1).await.map(drop) })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "stats", "queue")
+                == 2)
+            .await
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         let st = sem.stats().await.unwrap();
         assert_eq!((st.limit, st.in_use, st.available), (1, 1, 0));

@@ -22,7 +22,12 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         ("empty name", open("", 1)),
         ("long name", open(&"n".repeat(redsem::MAX_NAME_LEN + 1), 1)),
         ("brace in name", open("a{b}", 1)),
-        ("lease shorter than twice the renewal", open("x", 1).lease(Duration::from_secs(1)).renew_every(Duration::from_millis(600))),
+        (
+            "lease shorter than twice the renewal",
+            open("x", 1)
+                .lease(Duration::from_secs(1))
+                .renew_every(Duration::from_millis(600)),
+        ),
         ("zero renewal", open("x", 1).renew_every(Duration::ZERO)),
         ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
         ("zero local cap", open("x", 1).local_cap(0)),
@@ -38,16 +43,37 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
 
     let sem = open("ok", 2).open().await.unwrap();
     let before = dbsize(&server);
-    assert!(matches!(sem.acquire_many(0).await, Err(Error::InvalidArgument(_))));
-    assert!(matches!(sem.acquire_many(3).await, Err(Error::TooManyPermits { requested: 3, limit: 2 })));
-    assert!(matches!(sem.try_acquire_many(3).await, Err(Error::TooManyPermits { .. })));
-    assert!(matches!(sem.resize(0).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        sem.acquire_many(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        sem.acquire_many(3).await,
+        Err(Error::TooManyPermits {
+            requested: 3,
+            limit: 2
+        })
+    ));
+    assert!(matches!(
+        sem.try_acquire_many(3).await,
+        Err(Error::TooManyPermits { .. })
+    ));
+    assert!(matches!(
+        sem.resize(0).await,
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(dbsize(&server), before);
     assert_eq!(entries(&server, "ok"), [0, 0, 0, 0]);
 
     let bad_url = redsem::Client::connect("http://127.0.0.1:1/").await;
-    assert!(matches!(bad_url, Err(Error::InvalidArgument(_))), "{bad_url:?}");
-    let bad_prefix = redsem::Client::builder(server.url()).prefix("").build().await;
+    assert!(
+        matches!(bad_url, Err(Error::InvalidArgument(_))),
+        "{bad_url:?}"
+    );
+    let bad_prefix = redsem::Client::builder(server.url())
+        .prefix("")
+        .build()
+        .await;
     assert!(matches!(bad_prefix, Err(Error::InvalidArgument(_))));
 }
 
@@ -57,7 +83,13 @@ async fn opening_with_another_limit_is_a_limit_conflict() {
         let client = client(&server).await;
         let _a = open(&client, "shared", 3, Duration::from_secs(5)).await;
         match client.semaphore("shared", 4).open().await {
-            Err(e @ Error::LimitConflict { requested: 4, stored: 3, .. }) => {
+            Err(
+                e @ Error::LimitConflict {
+                    requested: 4,
+                    stored: 3,
+                    ..
+                },
+            ) => {
                 assert!(e.to_string().contains("limit 3"), "{e}");
             }
             other => panic!("expected LimitConflict, got {other:?}"),
@@ -73,8 +105,14 @@ async fn a_key_holding_another_type_is_a_wrong_type_error() {
         server.cmd(&["SET", "redsem:{taken}:queue", "not a sorted set"]);
         let client = client(&server).await;
         let err = client.semaphore("taken", 2).open().await.unwrap_err();
-        assert!(matches!(&err, Error::WrongType { name, .. } if name == "taken"), "{err:?}");
-        assert!(err.to_string().contains("another name or key prefix"), "{err}");
+        assert!(
+            matches!(&err, Error::WrongType { name, .. } if name == "taken"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("another name or key prefix"),
+            "{err}"
+        );
         // nothing was created beside the foreign key
         assert_eq!(dbsize(&server), 1, "{}", server.flavor());
 
@@ -98,14 +136,21 @@ async fn unreachable_redis_fails_within_the_connect_timeout() {
         .unwrap_err();
     assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
     assert!(err.is_retryable());
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
 async fn wrong_password_is_an_auth_error() {
     let server = Server::start_with(
         Flavor::Redis,
-        ServerOptions { password: Some("right".into()), ..Default::default() },
+        ServerOptions {
+            password: Some("right".into()),
+            ..Default::default()
+        },
     );
     let url = server.url().replace("redis://", "redis://:wrong@");
     let err = redsem::Client::connect(&url).await.unwrap_err();

@@ -19,11 +19,25 @@ async fn dropped_acquire_leaves_nothing_in_redis() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "drop-acquire", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "drop-acquire",
+                "queue"
+            ) == 1)
+            .await
+        );
         waiter.abort();
         assert!(waiter.await.unwrap_err().is_cancelled());
         // the ticket is removed long before its 10 s lease would expire
-        assert!(eventually(Duration::from_secs(2), || card(&server, "drop-acquire", "queue") == 0).await);
+        assert!(
+            eventually(Duration::from_secs(2), || card(
+                &server,
+                "drop-acquire",
+                "queue"
+            ) == 0)
+            .await
+        );
         assert_eq!(sem.local_counts(), (1, 0));
         drop(held);
         assert_nothing_left(&server, "drop-acquire").await;
@@ -38,10 +52,20 @@ async fn timed_out_acquire_gives_up_its_place() {
         let sem = open(&client, "timeout", 1, LEASE).await;
         let held = sem.acquire().await.unwrap();
         let started = std::time::Instant::now();
-        let err = sem.acquire_timeout(Duration::from_millis(300)).await.unwrap_err();
-        assert!(matches!(err, redsem::Error::Timeout(d) if d == Duration::from_millis(300)), "{err}");
+        let err = sem
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, redsem::Error::Timeout(d) if d == Duration::from_millis(300)),
+            "{err}"
+        );
         assert!(started.elapsed() >= Duration::from_millis(300));
-        assert!(eventually(Duration::from_secs(2), || card(&server, "timeout", "queue") == 0).await);
+        assert!(
+            eventually(Duration::from_secs(2), || card(&server, "timeout", "queue")
+                == 0)
+            .await
+        );
         // the next acquire after the holder leaves is granted at once
         drop(held);
         let p = sem.acquire_timeout(Duration::from_secs(2)).await.unwrap();
@@ -61,7 +85,14 @@ async fn dropping_many_pending_acquires_at_once_releases_every_grant() {
             let sem = sem.clone();
             waiters.push(tokio::spawn(async move { sem.acquire().await }));
         }
-        assert!(eventually(Duration::from_secs(5), || card(&server, "mass-cancel", "queue") == 50).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "mass-cancel",
+                "queue"
+            ) == 50)
+            .await
+        );
         // release and cancel at the same moment: grants race with cancellations
         drop(held);
         for w in &waiters {
@@ -98,7 +129,11 @@ async fn closing_fails_pending_and_later_acquires_and_cleans_up() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "close", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "close", "queue")
+                == 1)
+            .await
+        );
         sem.close();
         assert!(sem.is_closed());
         assert!(matches!(waiter.await.unwrap(), Err(redsem::Error::Closed)));
@@ -114,7 +149,12 @@ async fn closing_fails_pending_and_later_acquires_and_cleans_up() {
 async fn local_cap_limits_this_process_share_of_the_queue() {
     for server in servers() {
         let client = client(&server).await;
-        let sem = client.semaphore("cap", 10).local_cap(2).open().await.unwrap();
+        let sem = client
+            .semaphore("cap", 10)
+            .local_cap(2)
+            .open()
+            .await
+            .unwrap();
         let a = sem.acquire().await.unwrap();
         let _b = sem.acquire().await.unwrap();
         // the third waits locally: nothing more reaches Redis
@@ -125,10 +165,19 @@ async fn local_cap_limits_this_process_share_of_the_queue() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(card(&server, "cap", "slots"), 2);
         assert_eq!(card(&server, "cap", "queue"), 0);
-        assert!(matches!(sem.try_acquire().await, Err(redsem::Error::NoPermits)));
-        assert!(matches!(sem.acquire_many(3).await, Err(redsem::Error::InvalidArgument(_))));
+        assert!(matches!(
+            sem.try_acquire().await,
+            Err(redsem::Error::NoPermits)
+        ));
+        assert!(matches!(
+            sem.acquire_many(3).await,
+            Err(redsem::Error::InvalidArgument(_))
+        ));
         drop(a);
-        let c = tokio::time::timeout(Duration::from_secs(2), third).await.unwrap().unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(2), third)
+            .await
+            .unwrap()
+            .unwrap();
         drop(c);
     }
 }

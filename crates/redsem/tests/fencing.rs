@@ -20,7 +20,12 @@ async fn a_stale_holder_is_rejected_once_the_next_holder_of_its_slot_wrote() {
         let store = FencedStore::new(&client, "resource:{fenced}:fences");
         let old = sem.acquire().await.unwrap();
         let old_fence = old.fences()[0];
-        assert!(store.write(old_fence, "resource:{fenced}:value", b"old-1").await.unwrap());
+        assert!(
+            store
+                .write(old_fence, "resource:{fenced}:value", b"old-1")
+                .await
+                .unwrap()
+        );
         // the old holder's lease disappears (as after a long pause); a new holder gets the slot
         let new = sem.force_release(old.holder_id()).await.unwrap();
         assert!(new);
@@ -28,12 +33,25 @@ async fn a_stale_holder_is_rejected_once_the_next_holder_of_its_slot_wrote() {
         let new_fence = next.fences()[0];
         assert_eq!(new_fence.slot, old_fence.slot);
         assert!(new_fence.generation > old_fence.generation);
-        assert!(store.write(new_fence, "resource:{fenced}:value", b"new").await.unwrap());
+        assert!(
+            store
+                .write(new_fence, "resource:{fenced}:value", b"new")
+                .await
+                .unwrap()
+        );
         // the stale holder still believes it holds the slot: its write is refused
-        assert!(!store.write(old_fence, "resource:{fenced}:value", b"old-2").await.unwrap());
+        assert!(
+            !store
+                .write(old_fence, "resource:{fenced}:value", b"old-2")
+                .await
+                .unwrap()
+        );
         assert!(!store.check(old_fence).await.unwrap());
         assert!(store.check(new_fence).await.unwrap());
-        assert_eq!(server.cmd(&["GET", "resource:{fenced}:value"]).as_str(), Some("new"));
+        assert_eq!(
+            server.cmd(&["GET", "resource:{fenced}:value"]).as_str(),
+            Some("new")
+        );
         drop(old);
     }
 }
@@ -53,7 +71,10 @@ async fn force_release_advances_the_fence_and_the_holder_learns_it_lost() {
         let fence = p.fences()[0];
         let lost = p.lost();
         assert!(sem.force_release(p.holder_id()).await.unwrap());
-        assert!(!sem.force_release(p.holder_id()).await.unwrap(), "already gone");
+        assert!(
+            !sem.force_release(p.holder_id()).await.unwrap(),
+            "already gone"
+        );
         let stored: u64 = server
             .cmd(&["HGET", "redsem:{evict}:fence", &fence.slot.to_string()])
             .as_str()
@@ -61,7 +82,9 @@ async fn force_release_advances_the_fence_and_the_holder_learns_it_lost() {
             .parse()
             .unwrap();
         assert_eq!(stored, fence.generation + 1);
-        let reason = tokio::time::timeout(Duration::from_secs(2), lost).await.unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+            .await
+            .unwrap();
         assert_eq!(reason, redsem::LostReason::NotHolder);
     }
 }

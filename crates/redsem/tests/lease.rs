@@ -28,7 +28,12 @@ async fn a_hold_longer_than_the_lease_succeeds_with_renewals() {
             .unwrap();
         assert_eq!(out, 42);
         let st = sem.stats().await.unwrap();
-        assert_eq!(st.expired_total, 0, "{}: the lease expired under a live holder", server.flavor());
+        assert_eq!(
+            st.expired_total,
+            0,
+            "{}: the lease expired under a live holder",
+            server.flavor()
+        );
         assert!(st.holders.iter().all(|h| h.id != id));
     }
 }
@@ -44,12 +49,22 @@ async fn a_waiter_keeps_its_place_longer_than_the_lease() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await.unwrap().ticket() })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "long-wait", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "long-wait",
+                "queue"
+            ) == 1)
+            .await
+        );
         let ticket_before = sem.stats().await.unwrap().waiters[0].ticket;
         tokio::time::sleep(lease * 4).await;
         drop(held);
         let ticket = waiter.await.unwrap();
-        assert_eq!(ticket, ticket_before, "the waiter was re-queued: its lease expired");
+        assert_eq!(
+            ticket, ticket_before,
+            "the waiter was re-queued: its lease expired"
+        );
         assert_eq!(sem.stats().await.unwrap().expired_total, 0);
     }
 }
@@ -78,17 +93,34 @@ async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
         }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         // an operator (or a bug) removes every entry behind the holder's back
-        server.cmd(&["DEL", "redsem:{deleted}:meta", "redsem:{deleted}:exp", "redsem:{deleted}:slots"]);
+        server.cmd(&[
+            "DEL",
+            "redsem:{deleted}:meta",
+            "redsem:{deleted}:exp",
+            "redsem:{deleted}:slots",
+        ]);
         let deleted_at = Instant::now();
         let result = run.await.unwrap();
         let detected = deleted_at.elapsed();
-        assert!(matches!(result, Err(redsem::Error::LeaseLost(redsem::LostReason::NotHolder))), "{result:?}");
-        assert!(detected <= renew + Duration::from_millis(300), "detected after {detected:?}");
+        assert!(
+            matches!(
+                result,
+                Err(redsem::Error::LeaseLost(redsem::LostReason::NotHolder))
+            ),
+            "{result:?}"
+        );
+        assert!(
+            detected <= renew + Duration::from_millis(300),
+            "detected after {detected:?}"
+        );
         assert!(token.is_cancelled());
         // the work's future was dropped: it makes no progress any more
         while rx.try_recv().is_ok() {}
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(rx.try_recv().is_err(), "the work kept running after the loss");
+        assert!(
+            rx.try_recv().is_err(),
+            "the work kept running after the loss"
+        );
         assert_nothing_left(&server, "deleted").await;
     }
 }
@@ -107,14 +139,26 @@ async fn renewal_never_recreates_an_expired_entry() {
         let permit = sem.acquire().await.unwrap();
         let lost = permit.lost();
         // make the lease look expired in Redis (as after a pause longer than the lease)
-        let r = server.cmd(&["ZADD", "redsem:{no-recreate}:exp", "XX", "CH", "1", permit.holder_id()]);
+        let r = server.cmd(&[
+            "ZADD",
+            "redsem:{no-recreate}:exp",
+            "XX",
+            "CH",
+            "1",
+            permit.holder_id(),
+        ]);
         assert_eq!(r.as_int(), Some(1));
-        let reason = tokio::time::timeout(Duration::from_secs(2), lost).await.unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+            .await
+            .unwrap();
         assert_eq!(reason, redsem::LostReason::NotHolder);
         assert!(permit.is_lost());
         // the renewal reaped it instead of extending it
         assert_eq!(entries(&server, "no-recreate"), [0, 0, 0, 0]);
-        assert!(matches!(permit.run(async {}).await, Err(redsem::Error::LeaseLost(_))));
+        assert!(matches!(
+            permit.run(async {}).await,
+            Err(redsem::Error::LeaseLost(_))
+        ));
         let fresh = sem.try_acquire().await.unwrap();
         assert_eq!(fresh.fences()[0].generation, 2);
         assert_eq!(sem.stats().await.unwrap().expired_total, 1);
@@ -126,7 +170,12 @@ async fn an_unreachable_redis_makes_the_permit_lost_before_its_lease_ends() {
     for server in servers() {
         let client = client(&server).await;
         let lease = Duration::from_millis(800);
-        let sem = client.semaphore("unreachable", 1).lease(lease).open().await.unwrap();
+        let sem = client
+            .semaphore("unreachable", 1)
+            .lease(lease)
+            .open()
+            .await
+            .unwrap();
         let permit = sem.acquire().await.unwrap();
         let acquired = Instant::now();
         let lost = permit.lost();
@@ -135,7 +184,10 @@ async fn an_unreachable_redis_makes_the_permit_lost_before_its_lease_ends() {
         let after = acquired.elapsed();
         server.resume();
         assert_eq!(reason.unwrap(), redsem::LostReason::Unreachable);
-        assert!(after < lease, "declared lost after {after:?}, the lease is {lease:?}");
+        assert!(
+            after < lease,
+            "declared lost after {after:?}, the lease is {lease:?}"
+        );
         assert!(after > lease / 2, "declared lost too early: {after:?}");
     }
 }

@@ -22,13 +22,25 @@ fn script(body: &str) -> redis::Script {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Acquire { n: u32, try_only: bool, client: usize },
+    Acquire {
+        n: u32,
+        try_only: bool,
+        client: usize,
+    },
     /// Release a holder or cancel a waiter (same script).
-    Release { pick: usize },
+    Release {
+        pick: usize,
+    },
     /// The entry's lease runs out (as if its process died).
-    Expire { pick: usize },
-    Renew { pick: usize },
-    Resize { limit: u32 },
+    Expire {
+        pick: usize,
+    },
+    Renew {
+        pick: usize,
+    },
+    Resize {
+        limit: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -52,10 +64,18 @@ struct Entry {
 
 #[derive(Debug, PartialEq)]
 enum Reply {
-    Granted { slots: Vec<u32>, fences: Vec<u64>, ticket: u64 },
-    Queued { ticket: u64 },
+    Granted {
+        slots: Vec<u32>,
+        fences: Vec<u64>,
+        ticket: u64,
+    },
+    Queued {
+        ticket: u64,
+    },
     NoCapacity,
-    TooMany { limit: u32 },
+    TooMany {
+        limit: u32,
+    },
     Removed(u64),
     States(Vec<i64>),
     Limit(u32),
@@ -75,8 +95,16 @@ struct Model {
 
 impl Model {
     fn new(limit: u32) -> Model {
-        Model { limit, seq: 0, queue: vec![], entries: HashMap::new(), free: (0..limit).collect(),
-            fence: BTreeMap::new(), expired: BTreeSet::new(), notices: [vec![], vec![]] }
+        Model {
+            limit,
+            seq: 0,
+            queue: vec![],
+            entries: HashMap::new(),
+            free: (0..limit).collect(),
+            fence: BTreeMap::new(),
+            expired: BTreeSet::new(),
+            notices: [vec![], vec![]],
+        }
     }
     fn used(&self) -> u32 {
         self.entries.values().map(|e| e.slots.len() as u32).sum()
@@ -131,9 +159,13 @@ impl Model {
                 continue;
             }
             let e = self.entries.get(id);
-            let client = e.map(|e| e.client).unwrap_or_else(|| id.starts_with("c1").into());
+            let client = e
+                .map(|e| e.client)
+                .unwrap_or_else(|| id.starts_with("c1").into());
             let rec = match (ok, e) {
-                (true, Some(e)) => format!("g:{id}:{}:{}:{}", e.ticket, join(&e.slots), join(&e.fences)),
+                (true, Some(e)) => {
+                    format!("g:{id}:{}:{}:{}", e.ticket, join(&e.slots), join(&e.fences))
+                }
                 _ => format!("x:{id}"),
             };
             self.notices[client].push(rec);
@@ -149,12 +181,19 @@ impl Model {
     }
     fn reply_of(&self, id: &str) -> Reply {
         let e = &self.entries[id];
-        Reply::Granted { slots: e.slots.clone(), fences: e.fences.clone(), ticket: e.ticket }
+        Reply::Granted {
+            slots: e.slots.clone(),
+            fences: e.fences.clone(),
+            ticket: e.ticket,
+        }
     }
 }
 
 fn join<T: ToString>(v: &[T]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The scripts, driven through a plain connection.
@@ -184,7 +223,13 @@ impl Real {
 
 fn ints(v: &Value) -> Vec<i64> {
     match v {
-        Value::Array(a) => a.iter().map(|x| match x { Value::Int(i) => *i, other => panic!("{other:?}") }).collect(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| match x {
+                Value::Int(i) => *i,
+                other => panic!("{other:?}"),
+            })
+            .collect(),
         Value::Nil => vec![],
         other => panic!("{other:?}"),
     }
@@ -192,19 +237,34 @@ fn ints(v: &Value) -> Vec<i64> {
 
 fn parse_acquire(v: &Value) -> Reply {
     let Value::Array(a) = v else { panic!("{v:?}") };
-    let head = |i: usize| match &a[i] { Value::Int(x) => *x, other => panic!("{other:?}") };
+    let head = |i: usize| match &a[i] {
+        Value::Int(x) => *x,
+        other => panic!("{other:?}"),
+    };
     match head(0) {
-        1 => Reply::Granted { slots: ints(&a[1]).into_iter().map(|s| s as u32).collect(),
-            fences: ints(&a[2]).into_iter().map(|f| f as u64).collect(), ticket: head(3) as u64 },
-        0 => Reply::Queued { ticket: head(1) as u64 },
+        1 => Reply::Granted {
+            slots: ints(&a[1]).into_iter().map(|s| s as u32).collect(),
+            fences: ints(&a[2]).into_iter().map(|f| f as u64).collect(),
+            ticket: head(3) as u64,
+        },
+        0 => Reply::Queued {
+            ticket: head(1) as u64,
+        },
         -1 => Reply::NoCapacity,
-        -2 => Reply::TooMany { limit: head(1) as u32 },
+        -2 => Reply::TooMany {
+            limit: head(1) as u32,
+        },
         other => panic!("{other}"),
     }
 }
 
 /// (holders: id -> entry's slots and fences, queue, free slots, fences per slot)
-type Snapshot = (BTreeMap<String, (Vec<u32>, Vec<u64>)>, Vec<String>, Vec<u32>, BTreeMap<u32, u64>);
+type Snapshot = (
+    BTreeMap<String, (Vec<u32>, Vec<u64>)>,
+    Vec<String>,
+    Vec<u32>,
+    BTreeMap<u32, u64>,
+);
 
 fn snapshot_real(r: &mut Real) -> Snapshot {
     use redis::Commands;
@@ -217,9 +277,19 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
         slots.sort();
         let raw: String = r.con.hget(&r.keys[3], id).unwrap();
         let m: serde_json::Value = serde_json::from_str(&raw).unwrap();
-        let rec: Vec<u32> = m["s"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let rec: Vec<u32> = m["s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(&rec, slots, "record and slot map agree");
-        *fences = m["f"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        *fences = m["f"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
     }
     let queue: Vec<String> = r.con.zrange(&r.keys[1], 0, -1).unwrap();
     let free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
@@ -228,9 +298,18 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
 }
 
 fn snapshot_model(m: &Model) -> Snapshot {
-    let holders = m.entries.iter().filter(|(_, e)| !e.slots.is_empty())
-        .map(|(id, e)| (id.clone(), (e.slots.clone(), e.fences.clone()))).collect();
-    (holders, m.queue.clone(), m.free.iter().copied().collect(), m.fence.clone())
+    let holders = m
+        .entries
+        .iter()
+        .filter(|(_, e)| !e.slots.is_empty())
+        .map(|(id, e)| (id.clone(), (e.slots.clone(), e.fences.clone())))
+        .collect();
+    (
+        holders,
+        m.queue.clone(),
+        m.free.iter().copied().collect(),
+        m.fence.clone(),
+    )
 }
 
 static CASE: AtomicU32 = AtomicU32::new(0);
@@ -238,31 +317,57 @@ static CASE: AtomicU32 = AtomicU32::new(0);
 fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
     let case = CASE.fetch_add(1, Ordering::SeqCst);
     let tag = format!("m:{{p{case}}}:");
-    let keys: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"].iter().map(|k| format!("{tag}{k}")).collect();
+    let keys: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+        .iter()
+        .map(|k| format!("{tag}{k}"))
+        .collect();
     let base = format!("{tag}c:");
     let client = redis::Client::open(server.url()).unwrap();
     let mut sub = client.get_connection().unwrap();
     let mut sub = sub.as_pubsub();
-    sub.subscribe(&[format!("{base}c0"), format!("{base}c1")]).unwrap();
+    sub.subscribe(&[format!("{base}c0"), format!("{base}c1")])
+        .unwrap();
     let mut real = Real {
-        con: client.get_connection().unwrap(), keys, base,
+        con: client.get_connection().unwrap(),
+        keys,
+        base,
         acquire: script(include_str!("../src/scripts/acquire.lua")),
         release: script(include_str!("../src/scripts/release.lua")),
         renew: script(include_str!("../src/scripts/renew.lua")),
         resize: script(include_str!("../src/scripts/resize.lua")),
     };
+    // create the semaphore (limit 5), as Semaphore::open does
+    real.call(&script(include_str!("../src/scripts/open.lua")), &[]);
     let mut model = Model::new(5);
     let mut next_id = 0;
     let mut ids: Vec<String> = vec![]; // every id ever created, for picking
     for op in ops {
-        let live: Vec<String> = ids.iter().filter(|id| model.entries.contains_key(*id)).cloned().collect();
+        let live: Vec<String> = ids
+            .iter()
+            .filter(|id| model.entries.contains_key(*id))
+            .cloned()
+            .collect();
         let (want, got) = match op {
-            Op::Acquire { n, try_only, client } => {
+            Op::Acquire {
+                n,
+                try_only,
+                client,
+            } => {
                 let id = format!("c{client}-{next_id}");
                 next_id += 1;
                 ids.push(id.clone());
-                let got = parse_acquire(&real.call(&real.acquire.clone(), &[id.clone(), n.to_string(), "60000".into(),
-                    "60000".into(), format!("c{client}"), "label".into(), if *try_only { "try" } else { "wait" }.into()]));
+                let got = parse_acquire(&real.call(
+                    &real.acquire.clone(),
+                    &[
+                        id.clone(),
+                        n.to_string(),
+                        "60000".into(),
+                        "60000".into(),
+                        format!("c{client}"),
+                        "label".into(),
+                        if *try_only { "try" } else { "wait" }.into(),
+                    ],
+                ));
                 model.settle();
                 let want = if *n > model.limit {
                     Reply::TooMany { limit: model.limit }
@@ -271,46 +376,107 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                         Reply::NoCapacity
                     } else {
                         model.seq += 1;
-                        model.entries.insert(id.clone(), Entry { n: *n, client: *client, ticket: model.seq, slots: vec![], fences: vec![] });
+                        model.entries.insert(
+                            id.clone(),
+                            Entry {
+                                n: *n,
+                                client: *client,
+                                ticket: model.seq,
+                                slots: vec![],
+                                fences: vec![],
+                            },
+                        );
                         model.grant(&id);
                         model.reply_of(&id)
                     }
                 } else {
                     model.seq += 1;
-                    model.entries.insert(id.clone(), Entry { n: *n, client: *client, ticket: model.seq, slots: vec![], fences: vec![] });
+                    model.entries.insert(
+                        id.clone(),
+                        Entry {
+                            n: *n,
+                            client: *client,
+                            ticket: model.seq,
+                            slots: vec![],
+                            fences: vec![],
+                        },
+                    );
                     model.queue.push(id.clone());
                     let out = model.pump();
                     model.publish(&out, Some(&id));
-                    if out.iter().any(|(g, ok)| g == &id && *ok) { model.reply_of(&id) } else { Reply::Queued { ticket: model.seq } }
+                    if out.iter().any(|(g, ok)| g == &id && *ok) {
+                        model.reply_of(&id)
+                    } else {
+                        Reply::Queued { ticket: model.seq }
+                    }
                 };
                 (want, got)
             }
             Op::Release { pick } => {
-                let id = live.get(pick % live.len().max(1)).cloned().unwrap_or_else(|| "none".into());
-                let got = Reply::Removed(match real.call(&real.release.clone(), &["0".into(), id.clone()]) { Value::Int(i) => i as u64, v => panic!("{v:?}") });
+                let id = live
+                    .get(pick % live.len().max(1))
+                    .cloned()
+                    .unwrap_or_else(|| "none".into());
+                let got = Reply::Removed(
+                    match real.call(&real.release.clone(), &["0".into(), id.clone()]) {
+                        Value::Int(i) => i as u64,
+                        v => panic!("{v:?}"),
+                    },
+                );
                 let removed = model.drop_entry(&id).is_some() as u64;
                 model.settle();
                 (Reply::Removed(removed), got)
             }
             Op::Expire { pick } => {
                 if let Some(id) = live.get(pick % live.len().max(1)) {
-                    let _: i64 = redis::cmd("ZADD").arg(&real.keys[2]).arg("XX").arg(1).arg(id).query(&mut real.con).unwrap();
+                    let _: i64 = redis::cmd("ZADD")
+                        .arg(&real.keys[2])
+                        .arg("XX")
+                        .arg(1)
+                        .arg(id)
+                        .query(&mut real.con)
+                        .unwrap();
                     model.expired.insert(id.clone());
                 }
                 (Reply::Removed(0), Reply::Removed(0))
             }
             Op::Renew { pick } => {
-                let id = live.get(pick % live.len().max(1)).cloned().unwrap_or_else(|| "none".into());
+                let id = live
+                    .get(pick % live.len().max(1))
+                    .cloned()
+                    .unwrap_or_else(|| "none".into());
                 let v = real.call(&real.renew.clone(), std::slice::from_ref(&id));
                 let Value::Array(a) = &v else { panic!("{v:?}") };
-                let Value::Array(states) = &a[1] else { panic!("{v:?}") };
-                let got = Reply::States(states.iter().map(|s| ints(s)[0]).collect());
+                let Value::Array(states) = &a[1] else {
+                    panic!("{v:?}")
+                };
+                let got = Reply::States(
+                    states
+                        .iter()
+                        .map(|s| match s {
+                            Value::Array(a) => match a[0] {
+                                Value::Int(i) => i,
+                                _ => panic!("{s:?}"),
+                            },
+                            _ => panic!("{s:?}"),
+                        })
+                        .collect(),
+                );
                 model.settle();
-                let state = match model.entries.get(&id) { None => -1, Some(e) if e.slots.is_empty() => 0, Some(_) => 1 };
+                let state = match model.entries.get(&id) {
+                    None => -1,
+                    Some(e) if e.slots.is_empty() => 0,
+                    Some(_) => 1,
+                };
                 (Reply::States(vec![state]), got)
             }
             Op::Resize { limit } => {
-                let got = Reply::Limit(match real.call(&real.resize.clone(), &[limit.to_string()]) { Value::Int(i) => i as u32, v => panic!("{v:?}") });
+                let got = Reply::Limit(
+                    match real.call(&real.resize.clone(), &[limit.to_string()]) {
+                        Value::Int(i) => i as u32,
+                        v => panic!("{v:?}"),
+                    },
+                );
                 let old = model.limit;
                 if *limit > old {
                     for s in old..*limit {
@@ -327,10 +493,16 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
             }
         };
         prop_assert_eq!(&want, &got, "reply to {:?}", op);
-        prop_assert_eq!(snapshot_model(&model), snapshot_real(&mut real), "state after {:?}", op);
+        prop_assert_eq!(
+            snapshot_model(&model),
+            snapshot_real(&mut real),
+            "state after {:?}",
+            op
+        );
     }
     // the notifications: exactly the model's, per client channel, in order
-    sub.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    sub.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
     let mut got: [Vec<String>; 2] = [vec![], vec![]];
     while let Ok(msg) = sub.get_message() {
         let ch: String = msg.get_channel_name().to_owned();
@@ -345,10 +517,18 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn scripts_agree_with_the_model() {
     for server in servers() {
-        let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(96);
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases, ..ProptestConfig::default() });
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(96);
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases,
+            ..ProptestConfig::default()
+        });
         runner
-            .run(&proptest::collection::vec(op(), 1..40), |ops| run_case(&server, &ops))
+            .run(&proptest::collection::vec(op(), 1..40), |ops| {
+                run_case(&server, &ops)
+            })
             .unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
     }
 }

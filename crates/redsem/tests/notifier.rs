@@ -12,25 +12,45 @@ async fn a_grant_whose_notification_was_lost_is_found_by_the_fallback_poll() {
     for server in servers() {
         let client = client(&server).await;
         let fallback = Duration::from_millis(300);
-        let sem = client.semaphore("lost-msg", 1).fallback_poll(fallback).open().await.unwrap();
+        let sem = client
+            .semaphore("lost-msg", 1)
+            .fallback_poll(fallback)
+            .open()
+            .await
+            .unwrap();
         let held = sem.acquire().await.unwrap();
         let waiter = {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await.unwrap() })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "lost-msg", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server, "lost-msg", "queue"
+            ) == 1)
+            .await
+        );
         // point the waiter's notification channel nowhere: its grant message will be lost
         let id = sem.stats().await.unwrap().waiters[0].id.clone();
-        let record = server.cmd(&["HGET", "redsem:{lost-msg}:meta", &id]).as_str().unwrap().to_owned();
+        let record = server
+            .cmd(&["HGET", "redsem:{lost-msg}:meta", &id])
+            .as_str()
+            .unwrap()
+            .to_owned();
         let suffix = format!("\"c\":\"{}.0\"", client.id());
         assert!(record.contains(&suffix), "{record}");
         let rerouted = record.replace(&suffix, "\"c\":\"nowhere\"");
         server.cmd(&["HSET", "redsem:{lost-msg}:meta", &id, &rerouted]);
         let released = Instant::now();
         held.release().await.unwrap();
-        let p = tokio::time::timeout(fallback * 10, waiter).await.unwrap().unwrap();
+        let p = tokio::time::timeout(fallback * 10, waiter)
+            .await
+            .unwrap()
+            .unwrap();
         let waited = released.elapsed();
-        println!("{}: granted {waited:?} after a release whose notification was lost", server.flavor());
+        println!(
+            "{}: granted {waited:?} after a release whose notification was lost",
+            server.flavor()
+        );
         assert!(waited < fallback * 3, "waited {waited:?}");
         drop(p);
     }
@@ -41,23 +61,56 @@ async fn waiters_keep_being_notified_after_the_subscriber_connection_is_killed()
     for server in servers() {
         let client = client(&server).await;
         // a long fallback: progress below relies on notifications, not on polling
-        let sem = client.semaphore("resub", 1).fallback_poll(Duration::from_secs(30)).open().await.unwrap();
-        assert!(server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int().unwrap() >= 1);
+        let sem = client
+            .semaphore("resub", 1)
+            .fallback_poll(Duration::from_secs(30))
+            .open()
+            .await
+            .unwrap();
+        assert!(
+            server
+                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .as_int()
+                .unwrap()
+                >= 1
+        );
         // wait for the resubscription
-        assert!(eventually(Duration::from_secs(5), || {
-            server.cmd(&["PUBSUB", "NUMSUB", &format!("redsem:{{resub}}:c:{}.0", client.id())]).as_array()
-                .and_then(|a| a.get(1).and_then(Reply::as_int)) == Some(1)
-        }).await, "not re-subscribed");
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                server
+                    .cmd(&[
+                        "PUBSUB",
+                        "NUMSUB",
+                        &format!("redsem:{{resub}}:c:{}.0", client.id()),
+                    ])
+                    .as_array()
+                    .and_then(|a| a.get(1).and_then(Reply::as_int))
+                    == Some(1)
+            })
+            .await,
+            "not re-subscribed"
+        );
         let held = sem.acquire().await.unwrap();
         let waiter = {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await.unwrap() })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "resub", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "resub", "queue")
+                == 1)
+            .await
+        );
         let released = Instant::now();
         drop(held);
-        let p = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
-        assert!(released.elapsed() < Duration::from_secs(1), "waited {:?}", released.elapsed());
+        let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            released.elapsed() < Duration::from_secs(1),
+            "waited {:?}",
+            released.elapsed()
+        );
         drop(p);
     }
 }
@@ -80,14 +133,36 @@ async fn a_redis_restart_with_data_loss_requeues_waiters_and_loses_holders() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire().await })
         };
-        assert!(eventually(Duration::from_secs(5), || card(&server, "restart", "queue") == 1).await);
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "restart", "queue")
+                == 1)
+            .await
+        );
         server.restart(); // same port, empty data set
         // the holder learns that its slot is gone; the waiter queues again and gets it
-        let reason = tokio::time::timeout(Duration::from_secs(5), lost).await.unwrap();
-        assert!(matches!(reason, redsem::LostReason::NotHolder | redsem::LostReason::Unreachable));
-        let p = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap().unwrap();
-        assert_eq!(p.fences()[0].generation, 1, "fences restart with the data set");
-        assert_eq!(server.cmd(&["HGET", "redsem:{restart}:cfg", "limit"]).as_str(), Some("1"));
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .unwrap();
+        assert!(matches!(
+            reason,
+            redsem::LostReason::NotHolder | redsem::LostReason::Unreachable
+        ));
+        let p = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            p.fences()[0].generation,
+            1,
+            "fences restart with the data set"
+        );
+        assert_eq!(
+            server
+                .cmd(&["HGET", "redsem:{restart}:cfg", "limit"])
+                .as_str(),
+            Some("1")
+        );
         drop(held);
         drop(p);
         assert_nothing_left(&server, "restart").await;

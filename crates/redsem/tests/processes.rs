@@ -10,7 +10,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::*;
 
 fn now_ns() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// Parameters passed to a child through the environment.
@@ -26,7 +29,13 @@ struct ChildSpec<'a> {
 
 fn spawn_child(spec: &ChildSpec<'_>) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_process", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("REDSEM_CHILD", "1")
         .env("REDSEM_CHILD_URL", spec.url)
         .env("REDSEM_CHILD_NAME", spec.name)
@@ -47,7 +56,8 @@ fn events(child: Child) -> Vec<Vec<String>> {
     assert!(out.status.success(), "child failed: {:?}", out.status);
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.strip_prefix("EVENT "))
+        // libtest may print "test child_process ... " on the same line as the first event
+        .filter_map(|l| l.find("EVENT ").map(|i| &l[i + 6..]))
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
 }
@@ -59,8 +69,11 @@ fn wait_acquired(child: &mut Child) {
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "child exited before acquiring");
-        if line.starts_with("EVENT acquired") {
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "child exited before acquiring"
+        );
+        if line.contains("EVENT acquired") {
             return;
         }
     }
@@ -81,7 +94,11 @@ fn child_process() {
     }
     let var = |k: &str| std::env::var(format!("REDSEM_CHILD_{k}")).unwrap();
     let num = |k: &str| var(k).parse::<u64>().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let client = redsem::Client::connect(&var("URL")).await.unwrap();
         let sem = client
@@ -119,7 +136,15 @@ fn sigkill_of_every_holder_frees_the_slots_within_one_lease() {
     for server in servers() {
         let lease = Duration::from_millis(1000);
         let url = server.url();
-        let spec = ChildSpec { url: &url, name: "crash", limit: 2, tasks: 1, jobs: 1, hold_ms: 3_600_000, lease_ms: lease.as_millis() as u64 };
+        let spec = ChildSpec {
+            url: &url,
+            name: "crash",
+            limit: 2,
+            tasks: 1,
+            jobs: 1,
+            hold_ms: 3_600_000,
+            lease_ms: lease.as_millis() as u64,
+        };
         let mut holders: Vec<Child> = (0..2).map(|_| spawn_child(&spec)).collect();
         for h in &mut holders {
             wait_acquired(h);
@@ -139,9 +164,21 @@ fn sigkill_of_every_holder_frees_the_slots_within_one_lease() {
             drop(p);
             waited
         });
-        println!("{}: slot recovered {waited:?} after the kill (lease {lease:?})", server.flavor());
-        assert!(waited <= lease + Duration::from_millis(400), "{}: recovered after {waited:?}", server.flavor());
-        assert_eq!(server.cmd(&["HGET", "redsem:{crash}:cfg", "expired"]).as_str(), Some("2"));
+        println!(
+            "{}: slot recovered {waited:?} after the kill (lease {lease:?})",
+            server.flavor()
+        );
+        assert!(
+            waited <= lease + Duration::from_millis(400),
+            "{}: recovered after {waited:?}",
+            server.flavor()
+        );
+        assert_eq!(
+            server
+                .cmd(&["HGET", "redsem:{crash}:cfg", "expired"])
+                .as_str(),
+            Some("2")
+        );
     }
 }
 
@@ -149,13 +186,25 @@ fn sigkill_of_every_holder_frees_the_slots_within_one_lease() {
 fn three_processes_never_exceed_the_limit_and_are_served_in_ticket_order() {
     for server in servers() {
         let url = server.url();
-        let spec = ChildSpec { url: &url, name: "three", limit: 5, tasks: 10, jobs: 40, hold_ms: 10, lease_ms: 5000 };
+        let spec = ChildSpec {
+            url: &url,
+            name: "three",
+            limit: 5,
+            tasks: 10,
+            jobs: 40,
+            hold_ms: 10,
+            lease_ms: 5000,
+        };
         let children: Vec<Child> = (0..3).map(|_| spawn_child(&spec)).collect();
         let mut jobs: Vec<(u128, u128, u64)> = Vec::new();
         for c in children {
             for e in events(c) {
                 if e[0] == "job" {
-                    jobs.push((e[1].parse().unwrap(), e[2].parse().unwrap(), e[3].parse().unwrap()));
+                    jobs.push((
+                        e[1].parse().unwrap(),
+                        e[2].parse().unwrap(),
+                        e[3].parse().unwrap(),
+                    ));
                 }
             }
         }
@@ -176,7 +225,13 @@ fn three_processes_never_exceed_the_limit_and_are_served_in_ticket_order() {
         let tolerance = 50_000_000u128;
         let mut latest = 0u128;
         for j in &jobs {
-            assert!(j.0 + tolerance >= latest, "{}: ticket {} acquired {} ms before an earlier ticket", server.flavor(), j.2, (latest - j.0) / 1_000_000);
+            assert!(
+                j.0 + tolerance >= latest,
+                "{}: ticket {} acquired {} ms before an earlier ticket",
+                server.flavor(),
+                j.2,
+                (latest - j.0) / 1_000_000
+            );
             latest = latest.max(j.0);
         }
         let tickets: std::collections::HashSet<u64> = jobs.iter().map(|j| j.2).collect();
@@ -193,7 +248,15 @@ fn a_killed_waiter_leaves_the_queue_within_one_lease() {
         let sem = rt.block_on(open(&client, "dead-waiter", 1, lease));
         let held = rt.block_on(sem.acquire()).unwrap();
         let url = server.url();
-        let spec = ChildSpec { url: &url, name: "dead-waiter", limit: 1, tasks: 1, jobs: 1, hold_ms: 10, lease_ms: lease.as_millis() as u64 };
+        let spec = ChildSpec {
+            url: &url,
+            name: "dead-waiter",
+            limit: 1,
+            tasks: 1,
+            jobs: 1,
+            hold_ms: 10,
+            lease_ms: lease.as_millis() as u64,
+        };
         let mut waiter = spawn_child(&spec);
         let deadline = Instant::now() + Duration::from_secs(10);
         while card(&server, "dead-waiter", "queue") != 1 {
@@ -205,10 +268,17 @@ fn a_killed_waiter_leaves_the_queue_within_one_lease() {
         let killed = Instant::now();
         // nobody else calls Redis meanwhile except this process's heartbeat, which reaps it
         while card(&server, "dead-waiter", "queue") != 0 {
-            assert!(killed.elapsed() < lease * 3, "the dead waiter is still queued");
+            assert!(
+                killed.elapsed() < lease * 3,
+                "the dead waiter is still queued"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        println!("{}: dead waiter left the queue {:?} after the kill", server.flavor(), killed.elapsed());
+        println!(
+            "{}: dead waiter left the queue {:?} after the kill",
+            server.flavor(),
+            killed.elapsed()
+        );
         drop(held);
         rt.block_on(assert_nothing_left(&server, "dead-waiter"));
     }
@@ -219,7 +289,15 @@ fn a_holder_paused_past_its_lease_loses_its_slot_to_the_next_in_line() {
     for server in servers() {
         let lease = Duration::from_millis(600);
         let url = server.url();
-        let spec = ChildSpec { url: &url, name: "paused", limit: 1, tasks: 1, jobs: 1, hold_ms: 1500, lease_ms: lease.as_millis() as u64 };
+        let spec = ChildSpec {
+            url: &url,
+            name: "paused",
+            limit: 1,
+            tasks: 1,
+            jobs: 1,
+            hold_ms: 1500,
+            lease_ms: lease.as_millis() as u64,
+        };
         let mut holder = spawn_child(&spec);
         wait_acquired(&mut holder);
         signal(&holder, libc::SIGSTOP);
@@ -232,7 +310,10 @@ fn a_holder_paused_past_its_lease_loses_its_slot_to_the_next_in_line() {
             assert!(stopped.elapsed() <= lease + Duration::from_millis(400));
             p.fences()[0]
         });
-        assert_eq!(fence.generation, 2, "the slot went to the next holder with a higher fence");
+        assert_eq!(
+            fence.generation, 2,
+            "the slot went to the next holder with a higher fence"
+        );
         signal(&holder, libc::SIGCONT);
         // the resumed holder's renewal finds its lease gone; its release must not fail
         let _ = holder.wait().unwrap();

@@ -24,10 +24,17 @@ fn commandstats(server: &Server) -> HashMap<String, u64> {
 
 /// Commands a client sends itself (as opposed to those run inside scripts).
 fn round_trips(stats: &HashMap<String, u64>) -> u64 {
-    ["evalsha", "eval", "script|load", "subscribe", "unsubscribe", "ping"]
-        .iter()
-        .filter_map(|c| stats.get(*c))
-        .sum()
+    [
+        "evalsha",
+        "eval",
+        "script|load",
+        "subscribe",
+        "unsubscribe",
+        "ping",
+    ]
+    .iter()
+    .filter_map(|c| stats.get(*c))
+    .sum()
 }
 
 #[tokio::test]
@@ -45,7 +52,10 @@ async fn uncontended_acquire_and_release_take_one_round_trip_each() {
         let stats = commandstats(&server);
         let trips = round_trips(&stats);
         let evalsha = stats.get("evalsha").copied().unwrap_or(0);
-        println!("{}: uncontended: {trips} round trips for {N} acquire+release ({evalsha} EVALSHA)", server.flavor());
+        println!(
+            "{}: uncontended: {trips} round trips for {N} acquire+release ({evalsha} EVALSHA)",
+            server.flavor()
+        );
         assert_eq!(evalsha, 2 * N, "{stats:?}");
         // the only other command sent is CONFIG/INFO of this test
         assert_eq!(trips, 2 * N, "{stats:?}");
@@ -82,7 +92,10 @@ async fn contended_round_trips_do_not_grow_with_the_number_of_waiters() {
                 server.flavor()
             );
             // at most one notification per grant
-            assert!(publishes <= waiters, "{publishes} notifications for {waiters} grants");
+            assert!(
+                publishes <= waiters,
+                "{publishes} notifications for {waiters} grants"
+            );
             per_job.push(trips);
         }
         // one call per acquire, one per release, plus a small share of heartbeats

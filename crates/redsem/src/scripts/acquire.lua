@@ -23,7 +23,7 @@ if ARGV[10] == 'try' then
   if redis.call('ZCARD', K_QUEUE) > 0 then return { -1 } end
   if redis.call('HLEN', K_SLOTS) + n > limit then return { -1 } end
   m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
-  grant(id, m, now)
+  grant(id, m, now, true)
   return held_reply(m)
 end
 

@@ -66,8 +66,10 @@ local function reap(now, limit)
   return #dead
 end
 
--- Makes a queued waiter a holder: lowest free slots, next generation per slot, holder lease.
-local function grant(id, m, now)
+-- Makes an entry a holder: lowest free slots, next generation per slot. A queued waiter keeps
+-- its current lease (a waiter that died just before its grant blocks the slot no longer than
+-- its own lease; a live one renews it as a holder); a fresh entry (try mode) gets a lease.
+local function grant(id, m, now, fresh)
   local popped = redis.call('ZPOPMIN', K_FREE, m.n)
   local slots, fences = {}, {}
   for i = 1, #popped, 2 do
@@ -78,7 +80,7 @@ local function grant(id, m, now)
   end
   m.s, m.f, m.a = slots, fences, now
   redis.call('ZREM', K_QUEUE, id)
-  redis.call('ZADD', K_EXP, now + m.l, id)
+  if fresh then redis.call('ZADD', K_EXP, now + m.l, id) end
   redis.call('HSET', K_META, id, cjson.encode(m))
   redis.call('HINCRBY', K_CFG, 'grants', 1)
 end
@@ -102,7 +104,7 @@ local function pump(now, limit)
     elseif used + m.n > limit then
       break
     else
-      grant(head, m, now)
+      grant(head, m, now, false)
       used = used + m.n
       out[#out + 1] = { head, m, true }
     end

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+#[allow(unused_imports)]
 pub use test_support::{Flavor, Reply, Server, ServerOptions, flavors};
 
 /// A client with short timeouts, suitable for tests that break things.
@@ -62,7 +63,9 @@ pub async fn assert_nothing_left(server: &Server, name: &str) {
             return;
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("semaphore {name} left entries in Redis (slots, queue, leases, records) = {e:?}");
+            panic!(
+                "semaphore {name} left entries in Redis (slots, queue, leases, records) = {e:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
