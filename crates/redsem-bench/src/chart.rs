@@ -28,6 +28,12 @@ fn color(i: usize) -> RGBColor {
 
 type DrawResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Left end of the CDF's logarithmic wait axis, ms.
+const FLOOR_MS: f64 = 0.1;
+
+/// Width of the bins of the holders chart's time-weighted mean, s.
+const BIN_S: f64 = 0.05;
+
 /// Writes `base-wait-cdf.svg` and `base-holders.svg` into `dir` when the results contain the
 /// base scenario; returns the files written.
 pub fn write_charts(results: &[ScenarioResult], dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
@@ -81,16 +87,17 @@ fn wait_cdf(base: &[&ScenarioResult], path: &Path) -> DrawResult<()> {
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(56)
-        .build_cartesian_2d(0f64..xmax, 0f64..1.0)?;
+        .build_cartesian_2d((FLOOR_MS..xmax).log_scale(), 0f64..1.0)?;
     chart
         .configure_mesh()
-        .x_desc("wait inside acquire(), ms")
+        .x_desc("wait inside acquire(), ms (log scale; waits below 0.1 ms drawn at 0.1)")
         .y_desc("fraction of jobs")
         .draw()?;
     for (i, (name, w)) in series.iter().enumerate() {
         let n = w.len() as f64;
-        let mut pts = vec![(0.0, 0.0)];
+        let mut pts = vec![(FLOOR_MS, 0.0)];
         for (k, &v) in w.iter().enumerate() {
+            let v = v.max(FLOOR_MS);
             pts.push((v, k as f64 / n));
             pts.push((v, (k + 1) as f64 / n));
         }
@@ -118,10 +125,11 @@ fn holders_over_time(base: &[&ScenarioResult], path: &Path) -> DrawResult<()> {
     let params = &base[0].params;
     let root = root.titled(
         &format!(
-            "Holders over time, base scenario, first repetition (limit {})",
-            params.limit
+            "Holders over time, base scenario, first repetition (limit {}; thin: exact, thick: mean per {} ms)",
+            params.limit,
+            BIN_S * 1000.0
         ),
-        ("sans-serif", 20),
+        ("sans-serif", 18),
     )?;
     let panels = root.split_evenly((base.len(), 1));
     let tmax = base
@@ -138,13 +146,20 @@ fn holders_over_time(base: &[&ScenarioResult], path: &Path) -> DrawResult<()> {
         let rep = &r.reps[0];
         let intervals: Vec<(u64, u64)> = rep.jobs.iter().map(|j| (j.acq_ns, j.rel_ns)).collect();
         let t = |ns: u64| ns.saturating_sub(rep.start_ns) as f64 / 1e9;
+        let timeline: Vec<(f64, usize)> = metrics::holders_timeline(&intervals)
+            .into_iter()
+            .map(|(ns, n)| (t(ns), n))
+            .collect();
         let mut pts = vec![(0.0, 0.0)];
         let mut prev = 0usize;
-        for (ns, n) in metrics::holders_timeline(&intervals) {
-            pts.push((t(ns), prev as f64));
-            pts.push((t(ns), n as f64));
+        for &(x, n) in &timeline {
+            pts.push((x, prev as f64));
+            pts.push((x, n as f64));
             prev = n;
         }
+        let end_t = timeline.last().map_or(0.0, |&(x, _)| x);
+        let mut means = binned_mean(&timeline, BIN_S, tmax);
+        means.retain(|&(centre, _)| centre - BIN_S / 2.0 < end_t);
         let mut chart = ChartBuilder::on(area)
             .caption(
                 format!("{} (max {})", r.design, metrics::max_overlap(&intervals)),
@@ -167,14 +182,53 @@ fn holders_over_time(base: &[&ScenarioResult], path: &Path) -> DrawResult<()> {
             ],
             RED.stroke_width(1),
         ))?;
-        chart.draw_series(LineSeries::new(pts, color(i).stroke_width(1)))?;
+        chart.draw_series(LineSeries::new(pts, color(i).mix(0.3).stroke_width(1)))?;
+        chart.draw_series(LineSeries::new(means, color(i).stroke_width(3)))?;
     }
     root.present()?;
     Ok(())
 }
 
+/// Time-weighted mean of a step function `(t, value from t on)` over bins of `width` from 0
+/// to `end`, as `(bin centre, mean)`.
+fn binned_mean(timeline: &[(f64, usize)], width: f64, end: f64) -> Vec<(f64, f64)> {
+    let nbins = (end / width).ceil().max(1.0) as usize;
+    let mut area = vec![0.0f64; nbins];
+    let mut add = |from: f64, to: f64, v: f64| {
+        let mut a = from.max(0.0);
+        while a < to {
+            let b = ((a / width).floor() + 1.0) * width;
+            let seg_end = b.min(to);
+            let k = ((a / width).floor() as usize).min(nbins - 1);
+            area[k] += (seg_end - a) * v;
+            a = seg_end;
+        }
+    };
+    let mut prev_t = 0.0;
+    let mut prev_v = 0usize;
+    for &(t, v) in timeline {
+        add(prev_t, t.min(end), prev_v as f64);
+        prev_t = t.min(end);
+        prev_v = v;
+    }
+    add(prev_t, end, prev_v as f64);
+    area.iter()
+        .enumerate()
+        .map(|(k, a)| ((k as f64 + 0.5) * width, a / width))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn binned_mean_is_time_weighted() {
+        // 2 holders from 0.0 to 0.05, 0 from 0.05 to 0.075, 4 from 0.075 on
+        let m = super::binned_mean(&[(0.0, 2), (0.05, 0), (0.075, 4)], 0.05, 0.1);
+        assert_eq!(m.len(), 2);
+        assert!((m[0].1 - 2.0).abs() < 1e-9, "{m:?}");
+        assert!((m[1].1 - 2.0).abs() < 1e-9, "{m:?}");
+    }
+
     use super::*;
     use crate::designs::DesignKind;
     use crate::metrics::JobRecord;
