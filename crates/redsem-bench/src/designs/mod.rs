@@ -10,7 +10,7 @@
 //! | `zset-poll` | section 1, leased sorted set, 20 ms poll (prose only) | [`zset_poll`] |
 //! | `fifo-poll` | section 2, FIFO tickets, 20 ms poll (ENQUEUE/CHECK verbatim) | [`fifo_poll`] |
 //! | `fifo-notify` | section 3, FIFO + pub/sub release notification (class verbatim) | [`fifo_notify`] |
-//! | `redsem` | the library in `crates/redsem` | [`redsem`](self::redsem) |
+//! | `redsem` | the library in `crates/redsem` | [`redsem`] |
 //!
 //! The gaps of the reference are filled exactly as the Python peers did
 //! (`shared/bench/peers/GAPS.md`, `peers/py/seed_semaphores.py`); each module says how. The
@@ -124,7 +124,7 @@ impl DesignKind {
     ///   `fifo-poll` MULTI + EXEC + the 2 ZREMs queued in each release transaction (counted as
     ///   2 x EXEC, because the CHECK script also issues ZREM, for expired entries); `fifo-notify`
     ///   the same plus the queued PUBLISH (1 x EXEC) and SUBSCRIBE; `redsem` the top-level
-    ///   commands listed in [`redsem::TOP_LEVEL`](self::redsem::TOP_LEVEL).
+    ///   commands listed in [`redsem::TOP_LEVEL`].
     ///
     /// A MULTI/EXEC transaction thus counts every command as sent (MULTI, each queued command,
     /// EXEC), although redis-rs writes a transaction in one go and reads its replies together:
@@ -207,7 +207,7 @@ pub enum Semaphore {
     FifoPoll(fifo_poll::FifoPollingSemaphore),
     /// See [`fifo_notify::NotifySemaphore`].
     FifoNotify(fifo_notify::NotifySemaphore),
-    /// See [`redsem::RedsemSemaphore`](self::redsem::RedsemSemaphore).
+    /// See [`redsem::RedsemSemaphore`].
     Redsem(self::redsem::RedsemSemaphore),
 }
 
