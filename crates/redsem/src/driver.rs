@@ -107,4 +107,5 @@ async fn release_with_retry(mut conn: Conn, core: &Core, ids: &[String]) {
     }
     tracing::warn!(semaphore = %core.keys.name, entries = ids.len(),
         "giving up the background release: the entries will expire with their leases");
+    crate::metrics::releases_abandoned(&core.keys.name, ids.len());
 }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::LostReason;
 use crate::permit::LeaseState;
@@ -116,11 +117,20 @@ async fn beat(sh: &Arc<SemShared>) {
         .chain(waiters.iter().map(String::as_str))
         .collect();
     let mut conn = sh.client.conn.clone();
-    let reply =
-        tokio::time::timeout_at(limit, scripts::renew(&mut conn, &sh.core.target(), &ids)).await;
+    let span = tracing::debug_span!(
+        "redsem.renew",
+        semaphore = %sh.name(),
+        holders = holders.len(),
+        waiters = waiters.len(),
+    );
+    let reply = tokio::time::timeout_at(limit, scripts::renew(&mut conn, &sh.core.target(), &ids))
+        .instrument(span.clone())
+        .await;
     let now = Instant::now();
+    crate::metrics::renewal(sh.name(), matches!(reply, Ok(Ok(_))));
     match reply {
         Ok(Ok((next_expiry, states))) => {
+            tracing::debug!(parent: &span, "renewed");
             {
                 let mut st = sh.state.lock().unwrap();
                 st.retry_at = None;
@@ -166,7 +176,9 @@ fn lose(sh: &SemShared, id: &str, lease: &LeaseState, reason: LostReason) {
     if !was_holder {
         return; // released meanwhile
     }
-    tracing::warn!(semaphore = %sh.name(), holder = id, %reason, "lease lost");
+    let (ticket, slots) = lease.granted().cloned().unwrap_or_default();
+    tracing::warn!(semaphore = %sh.name(), holder = id, ticket, ?slots, %reason, "lease lost");
+    crate::metrics::lease_lost(sh.name(), reason);
     lease.lose(reason);
     // Whatever is left of the entry in Redis is removed (idempotent).
     sh.release_in_background(id.to_owned());

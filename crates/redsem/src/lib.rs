@@ -60,8 +60,25 @@
 //! releases, plus one heartbeat task per open semaphore handle. Per acquisition: one script
 //! call, plus one to release. Per process and semaphore: one batched renewal call per renewal
 //! interval while holding, and per fallback interval while waiting.
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `tower` | [`tower`](crate::tower): a `Layer`/`Service` limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
+//! | `metrics` | counters, histograms and gauges through the `metrics` facade; names in [`metrics`](crate::metrics) |
+//! | `tls` | `rediss://` URLs (rustls) |
+//!
+//! [`tracing`](https://docs.rs/tracing) spans and events are always emitted (see
+//! [Observability](guide#observability)); they cost nothing without a subscriber.
+//!
+//! # Other languages
+//!
+//! The protocol (keys, scripts, messages) is open and documented in `docs/PROTOCOL.md`:
+//! a Python service and a Rust service can share one semaphore, fairly.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
 mod client;
@@ -71,11 +88,15 @@ pub mod fencing;
 pub mod guide;
 mod heartbeat;
 mod keys;
+pub mod metrics;
 mod notifier;
 mod permit;
 mod scripts;
 mod semaphore;
 mod stats;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::{BackendError, Error, LostReason};

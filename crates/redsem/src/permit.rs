@@ -2,11 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::error::{Error, LostReason};
 use crate::scripts::{self, Grant};
@@ -42,6 +43,8 @@ pub(crate) struct LeaseState {
     token: CancellationToken,
     /// Send time of the last call that confirmed the lease (or of the grant's delivery).
     renewed_at: Mutex<Instant>,
+    /// Ticket and slots of the permit, for the events of the heartbeat.
+    granted: OnceLock<(u64, Vec<u32>)>,
 }
 
 impl LeaseState {
@@ -50,7 +53,13 @@ impl LeaseState {
             lost_tx: watch::Sender::new(None),
             token: CancellationToken::new(),
             renewed_at: Mutex::new(now),
+            granted: OnceLock::new(),
         }
+    }
+
+    /// Ticket and slots of the permit that holds this lease, once known.
+    pub(crate) fn granted(&self) -> Option<&(u64, Vec<u32>)> {
+        self.granted.get()
     }
 
     pub(crate) fn renewed(&self, sent: Instant) {
@@ -105,6 +114,8 @@ pub struct Permit {
     lease: Arc<LeaseState>,
     _local: Option<OwnedSemaphorePermit>,
     released: bool,
+    /// `redsem_local_holders` and `redsem_hold_seconds` (feature `metrics`).
+    _hold: crate::metrics::HoldTimer,
 }
 
 impl fmt::Debug for Permit {
@@ -133,7 +144,10 @@ impl Permit {
             .zip(&grant.fences)
             .map(|(&slot, &generation)| Fence { slot, generation })
             .collect();
+        let _ = lease.granted.set((grant.ticket, grant.slots.clone()));
+        let _hold = crate::metrics::HoldTimer::new(shared.name());
         Permit {
+            _hold,
             shared,
             id,
             n,
@@ -210,12 +224,22 @@ impl Permit {
     /// # Errors
     /// [`Error::LeaseLost`] as above. A failed release is not reported (it is retried in the
     /// background and bounded by the lease).
+    ///
+    /// `work` runs inside the span `redsem.hold` (fields `semaphore`, `holder`, `ticket`,
+    /// `slots`), so the events it emits carry them.
     pub async fn run<F: Future>(self, work: F) -> Result<F::Output, Error> {
         let lost = self.lost();
+        let span = tracing::info_span!(
+            "redsem.hold",
+            semaphore = %self.shared.name(),
+            holder = %self.id,
+            ticket = self.ticket,
+            slots = ?self.slots(),
+        );
         let result = tokio::select! {
             biased;
             reason = lost => Err(Error::LeaseLost(reason)),
-            out = work => Ok(out),
+            out = work.instrument(span) => Ok(out),
         };
         drop(self);
         result
@@ -233,7 +257,11 @@ impl Permit {
         let mut conn = self.shared.client.conn.clone();
         let target = self.shared.core.target();
         match scripts::release(&mut conn, &target, &[&self.id], false).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
+                    ticket = self.ticket, slots = ?self.slots(), "released");
+                Ok(())
+            }
             Err(e) => {
                 self.shared
                     .release_in_background(std::mem::take(&mut self.id));
@@ -245,6 +273,8 @@ impl Permit {
     /// Stops renewing and does not release: the slot frees when the lease expires. For a
     /// process that hands the slot's lifetime to something else; most code wants drop.
     pub fn detach(mut self) {
+        tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
+            ticket = self.ticket, "detached: the slot frees when its lease expires");
         self.released = true;
         self.shared.forget_holder(&self.id);
     }
@@ -255,6 +285,8 @@ impl Drop for Permit {
         if self.released {
             return;
         }
+        tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
+            ticket = self.ticket, slots = ?self.slots(), "released (in the background)");
         self.shared.forget_holder(&self.id);
         self.shared
             .release_in_background(std::mem::take(&mut self.id));

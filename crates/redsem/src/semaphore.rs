@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::client::{Client, ClientInner};
 use crate::driver::Msg;
@@ -256,6 +257,8 @@ struct Waiter {
     /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
     /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
     renewed_at: Instant,
+    /// Counts this waiter in `redsem_local_waiters` while it lives (feature `metrics`).
+    _gauge: crate::metrics::WaiterGauge,
 }
 
 /// This process's view of one semaphore handle: its waiters and holders.
@@ -409,7 +412,44 @@ impl SemShared {
         format!("{}-{}", self.channel_suffix, &r[..12])
     }
 
+    /// One acquisition, traced (span `redsem.acquire`) and measured (feature `metrics`).
     async fn acquire_inner(
+        self: &Arc<Self>,
+        n: u32,
+        try_only: bool,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<Permit, Error> {
+        let span = tracing::debug_span!(
+            "redsem.acquire",
+            semaphore = %self.name(),
+            permits = n,
+            mode = if try_only { "try" } else { "wait" },
+            holder = tracing::field::Empty,
+            ticket = tracing::field::Empty,
+            slots = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let result = self
+            .acquire_untraced(n, try_only, deadline)
+            .instrument(span.clone())
+            .await;
+        let waited = started.elapsed();
+        match &result {
+            Ok(permit) => {
+                span.record("ticket", permit.ticket());
+                span.record("slots", tracing::field::debug(permit.slots()));
+                tracing::debug!(parent: &span, waited_ms = waited.as_millis() as u64, "granted");
+                crate::metrics::acquired(self.name(), waited);
+            }
+            Err(e) => {
+                tracing::debug!(parent: &span, error = %e, waited_ms = waited.as_millis() as u64, "acquire failed");
+                crate::metrics::acquire_failed(self.name(), e);
+            }
+        }
+        result
+    }
+
+    async fn acquire_untraced(
         self: &Arc<Self>,
         n: u32,
         try_only: bool,
@@ -455,6 +495,7 @@ impl SemShared {
         };
         loop {
             let mut pending = Pending::new(self, try_only);
+            tracing::Span::current().record("holder", pending.id.as_str());
             let mut conn = self.client.conn.clone();
             let args = AcquireArgs {
                 id: &pending.id,
@@ -487,7 +528,14 @@ impl SemShared {
                     return Ok(Permit::new(self.clone(), id, n, grant, lease, local));
                 }
                 AcquireReply::Granted(grant) => self.deliver(&pending.id, Delivery::Granted(grant)),
-                AcquireReply::Queued { next_expiry_ms, .. } => self.schedule_check(next_expiry_ms),
+                AcquireReply::Queued {
+                    ticket,
+                    next_expiry_ms,
+                } => {
+                    tracing::Span::current().record("ticket", ticket);
+                    tracing::debug!(ticket, "waiting in the queue");
+                    self.schedule_check(next_expiry_ms)
+                }
                 AcquireReply::NoCapacity => {
                     pending.disarm();
                     return Err(Error::NoPermits);
@@ -568,6 +616,7 @@ impl<'a> Pending<'a> {
                 Waiter {
                     tx,
                     renewed_at: Instant::now(),
+                    _gauge: crate::metrics::WaiterGauge::new(shared.name()),
                 },
             );
             drop(st);
@@ -746,7 +795,9 @@ impl Semaphore {
             .await
             .map_err(|e| Error::from_redis(e, self.name()))?;
         self.shared.core.limit.store(raw.limit, Ordering::Relaxed);
-        Stats::from_raw(self.name(), raw)
+        let stats = Stats::from_raw(self.name(), raw)?;
+        crate::metrics::expiries_seen(self.name(), stats.expired_total);
+        Ok(stats)
     }
 
     /// Changes the limit for every replica, live. Growing admits waiters at once; shrinking
