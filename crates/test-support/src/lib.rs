@@ -1,4 +1,5 @@
-//! Private Redis / Valkey servers and a fault-injecting TCP proxy for redsem's tests.
+//! Private Redis / Valkey servers (single, [`Cluster`], [`Sentinels`], TLS with throwaway
+//! certificates) and a fault-injecting TCP proxy for redsem's tests.
 //!
 //! Everything here is synchronous, so it works from plain `#[test]`s and from
 //! `#[tokio::test]`s alike, and it keeps no process-wide state that would break tests running
@@ -16,13 +17,19 @@
 //! }
 //! ```
 
+pub mod cluster;
 pub mod proxy;
 mod resp;
+pub mod sentinel;
 mod server;
+pub mod tls;
 
+pub use cluster::{Cluster, ClusterOptions};
 pub use proxy::FaultProxy;
 pub use resp::Reply;
+pub use sentinel::{SentinelOptions, Sentinels};
 pub use server::{Server, ServerOptions};
+pub use tls::{TlsCerts, TlsServer};
 
 use std::fmt;
 use std::fs::File;

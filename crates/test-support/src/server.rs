@@ -400,12 +400,12 @@ impl std::fmt::Debug for Server {
     }
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on the pid of a child we have not reaped yet.
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
-fn wait_timeout(child: &mut Child, timeout: Duration) -> bool {
+pub(crate) fn wait_timeout(child: &mut Child, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if !matches!(child.try_wait(), Ok(None)) {
@@ -416,7 +416,7 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> bool {
     false
 }
 
-fn tail(text: &str, lines: usize) -> String {
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
@@ -426,7 +426,7 @@ type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 /// Spawns `cmd` from one long-lived thread, with `PR_SET_PDEATHSIG = SIGKILL`: servers die
 /// with the test process even when it is killed (a timeout) and no `Drop` runs. The signal
 /// fires when the *spawning thread* exits, hence a thread that lives as long as the process.
-fn spawn(cmd: Command) -> io::Result<Child> {
+pub(crate) fn spawn(cmd: Command) -> io::Result<Child> {
     static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
