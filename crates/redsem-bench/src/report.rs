@@ -104,6 +104,8 @@ pub fn render(report: &Report) -> String {
                     "design",
                     "run s",
                     "efficiency",
+                    "slot use",
+                    "mean hold ms",
                     "wait p50 ms",
                     "wait p99 ms",
                     "wait max ms",
@@ -130,6 +132,8 @@ pub fn render(report: &Report) -> String {
                         format!("`{}`", r.design),
                         run_cell(r),
                         cell(r, "efficiency", 2),
+                        cell(r, "slot_use", 2),
+                        cell(r, "hold_mean_ms", 1),
                         cell(r, "wait_p50_ms", 0),
                         cell(r, "wait_p99_ms", 0),
                         cell(r, "wait_max_ms", 0),
@@ -319,7 +323,9 @@ pub fn render(report: &Report) -> String {
 /// How the columns are computed (printed under the tables).
 pub const NOTES: &str = "
 Cells are `median (min-max)` over the complete repetitions. *run s*: shared start to the last
-release returned; *efficiency*: (processes x jobs x hold / limit) / run s; *wait*: time inside
+release returned; *efficiency*: (processes x jobs x hold / limit) / run s; *slot use*: the same with the holds
+the holders measured (sum of [acquired, release called] / limit / run s): the nominal
+efficiency also charges the hold's own timer overshoot (*mean hold ms*) to the design; *wait*: time inside
 acquire() per job, all processes pooled (hdrhistogram, 3 significant digits; max exact); *max
 holders*: peak overlap of all [acquired, release called] intervals across processes; *round
 trips/job*: commands the clients sent themselves, from INFO commandstats (script calls

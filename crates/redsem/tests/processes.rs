@@ -161,6 +161,15 @@ fn sigkill_of_every_holder_frees_the_slots_within_one_lease() {
             let sem = open(&client, "crash", 2, lease).await;
             let p = sem.acquire_timeout(lease * 5).await.unwrap();
             let waited = killed_at.elapsed();
+            // the other crashed holder's lease ends within moments of the first
+            let deadline = Instant::now() + lease;
+            while sem.stats().await.unwrap().expired_total < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the second crashed holder was not reaped"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             drop(p);
             waited
         });

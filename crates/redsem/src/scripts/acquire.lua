@@ -9,7 +9,7 @@
 local id, n = ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 local limit = load_limit()
-settle(now, limit, nil)
+settle(now, limit, false)
 if n > limit then return { -2, limit } end
 
 local m = get_meta(id)
@@ -19,21 +19,17 @@ if m then
 end
 
 m = { n = n, c = ARGV[8], l = tonumber(ARGV[6]), w = tonumber(ARGV[7]), lb = ARGV[9], q = now }
-if ARGV[10] == 'try' then
-  if redis.call('ZCARD', K_QUEUE) > 0 then return { -1 } end
-  if redis.call('HLEN', K_SLOTS) + n > limit then return { -1 } end
+-- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
+if redis.call('ZCARD', K_QUEUE) == 0 and redis.call('HLEN', K_SLOTS) + n <= limit then
   m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
   grant(id, m, now, true)
   return held_reply(m)
 end
+if ARGV[10] == 'try' then return { -1 } end
 
+-- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
 m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
 redis.call('ZADD', K_QUEUE, m.t, id)
 redis.call('ZADD', K_EXP, now + m.w, id)
 redis.call('HSET', K_META, id, cjson.encode(m))
-local out = pump(now, limit)
-publish(out, id)
-for _, r in ipairs(out) do
-  if r[1] == id then return held_reply(r[2]) end
-end
 return { 0, m.t, next_expiry(now) }

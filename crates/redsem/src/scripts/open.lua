@@ -7,5 +7,5 @@ redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE); redis.call('ZCARD', K_E
 redis.call('HLEN', K_META); redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE)
 redis.call('HLEN', K_FENCE)
 local limit = load_limit()
-settle(now_ms(), limit, nil)
+settle(now_ms(), limit, true)
 return { limit, 1 - existed }

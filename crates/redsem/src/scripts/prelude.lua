@@ -16,6 +16,7 @@
 local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local CH_BASE, PUB = ARGV[2], ARGV[3]
+local CREATED = false -- set when this call had to (re)create the configuration
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -27,6 +28,7 @@ local function load_limit()
   local l = redis.call('HGET', K_CFG, 'limit')
   if l then return tonumber(l) end
   l = tonumber(ARGV[1])
+  CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', 1)
   redis.call('DEL', K_FREE)
   for s = 0, l - 1 do
@@ -42,17 +44,17 @@ local function get_meta(id)
 end
 
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
+-- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step.)
 local function drop_entry(id, m, limit)
-  redis.call('ZREM', K_QUEUE, id)
   redis.call('ZREM', K_EXP, id)
   redis.call('HDEL', K_META, id)
   if m and m.s then
     for _, s in ipairs(m.s) do
-      if redis.call('HGET', K_SLOTS, s) == id then
-        redis.call('HDEL', K_SLOTS, s)
-        if s < limit then redis.call('ZADD', K_FREE, s, s) end
-      end
+      redis.call('HDEL', K_SLOTS, s)
+      if s < limit then redis.call('ZADD', K_FREE, s, s) end
     end
+  else
+    redis.call('ZREM', K_QUEUE, id)
   end
 end
 
@@ -89,10 +91,11 @@ end
 -- permits than are free blocks everyone behind it). Returns the grants and rejections made.
 local function pump(now, limit)
   local out = {}
-  local used = redis.call('HLEN', K_SLOTS)
+  local used = nil
   while true do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
     if not head then break end
+    used = used or redis.call('HLEN', K_SLOTS)
     local m = get_meta(head)
     if not m then
       redis.call('ZREM', K_QUEUE, head)
@@ -142,11 +145,12 @@ local function publish(out, skip)
 end
 
 -- Reap, then grant what the freed capacity allows, then notify. Every script starts here.
-local function settle(now, limit, skip)
-  reap(now, limit)
-  local out = pump(now, limit)
-  publish(out, skip)
-  return out
+-- Invariant: after every script, the head of the queue cannot be granted (each change that
+-- frees capacity pumps), so only a reap (or `force`) can make a grant possible here.
+local function settle(now, limit, force)
+  if reap(now, limit) > 0 or force or CREATED then
+    publish(pump(now, limit), nil)
+  end
 end
 
 -- Milliseconds until the nearest lease expiry (the earliest moment reaping can free

@@ -9,13 +9,15 @@ local removed = 0
 for i = 5, #ARGV do
   local id = ARGV[i]
   local m = get_meta(id)
-  if m or redis.call('ZSCORE', K_EXP, id) then
+  if m then
     removed = removed + 1
     if force and m and m.s then
       for _, s in ipairs(m.s) do redis.call('HINCRBY', K_FENCE, s, 1) end
     end
     drop_entry(id, m, limit)
+  else
+    redis.call('ZREM', K_EXP, id) -- a lease without a record (never written by redsem)
   end
 end
-settle(now, limit, nil)
+settle(now, limit, removed > 0)
 return removed

@@ -7,12 +7,12 @@
 --        {-1}               gone: expired, released by someone else, or lost with Redis data
 local now = now_ms()
 local limit = load_limit()
-settle(now, limit, nil)
+settle(now, limit, false)
 local states = {}
 for i = 4, #ARGV do
   local id = ARGV[i]
   local m = get_meta(id)
-  if not m or not redis.call('ZSCORE', K_EXP, id) then
+  if not m then
     states[#states + 1] = { -1 }
   elseif m.s then
     redis.call('ZADD', K_EXP, 'XX', now + m.l, id)

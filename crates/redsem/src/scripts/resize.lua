@@ -13,5 +13,5 @@ elseif new < old then
   redis.call('ZREMRANGEBYSCORE', K_FREE, new, '+inf')
 end
 redis.call('HSET', K_CFG, 'limit', new)
-settle(now, new, nil)
+settle(now, new, true)
 return old

@@ -4,7 +4,7 @@
 -- waiters_json: JSON array of {id, meta} in queue (FIFO) order.
 local now = now_ms()
 local limit = load_limit()
-settle(now, limit, nil)
+settle(now, limit, true)
 local function entries(ids)
   local arr = {}
   for _, id in ipairs(ids) do
