@@ -138,7 +138,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             flush(&client).await;
             let busy = match client.inspect(&name).await {
                 Ok(s) => format!(
-                    " ({} of {} permits in use, {} waiting)",
+                    "; {} of {} permits in use, {} waiting",
                     s.in_use,
                     s.limit,
                     s.waiters.len()

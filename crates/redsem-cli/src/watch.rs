@@ -100,8 +100,7 @@ impl Watcher {
                         s.in_use, s.limit
                     )
                 } else {
-                    "every permit in use: holders are slow or the limit is too low (`redsem limit`)"
-                        .to_owned()
+                    "every permit in use: the holders are slow, or the limit is too low".to_owned()
                 };
                 let _ = writeln!(
                     out,
