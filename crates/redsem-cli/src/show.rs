@@ -23,6 +23,7 @@ pub async fn stats(g: &Global, a: StatsArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// Pretty JSON of `v`, or a one-line failure.
 pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<String, Failure> {
     serde_json::to_string_pretty(v).map_err(|e| Failure::Other(format!("cannot encode JSON: {e}")))
 }

@@ -539,3 +539,35 @@ fn unix_sockets_work() {
     assert_eq!(v[0]["name"], "sock");
     drop(server);
 }
+
+/// `rediss://`: trusted through `SSL_CERT_FILE`, and a clear error when the CA is unknown.
+#[test]
+fn tls_urls_work() {
+    let certs = test_support::TlsCerts::generate();
+    let server = test_support::TlsServer::start(Flavor::Redis, &certs, false);
+    let url = server.tls_url();
+    let out = run(redsem_at(&url).env("SSL_CERT_FILE", &certs.ca).args([
+        "run",
+        "--name",
+        "tls",
+        "--limit",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo $REDSEM_FENCES",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "0:1");
+
+    let out = run(redsem_at(&url)
+        .env("SSL_CERT_FILE", &certs.other_ca)
+        .args(["stats", "tls"]));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("SSL_CERT_FILE"),
+        "{err}"
+    );
+}
