@@ -25,17 +25,20 @@ step "install-deps"
 bash scripts/install-deps.sh
 
 run fmt cargo fmt --all -- --check
-run clippy cargo clippy --workspace --all-targets -- -D warnings
+# --all-features: redsem's optional `tower` and `metrics` code (and every example that needs
+# it) is linted, built and tested too.
+run clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
+run docs env RUSTDOCFLAGS="-D warnings" cargo doc -p redsem --no-deps --all-features
 
 # Valkey is installed above: a missing one must fail the tests, not skip half of them.
 export REDSEM_REQUIRE_VALKEY=1
 if cargo nextest --version >/dev/null 2>&1; then
-    run tests cargo nextest run --workspace --no-fail-fast --profile ci "$@"
+    run tests cargo nextest run --workspace --all-features --no-fail-fast --profile ci "$@"
 else
     step "cargo-nextest not found: using cargo test"
-    run tests cargo test --workspace --all-targets --no-fail-fast -- "$@"
+    run tests cargo test --workspace --all-targets --all-features --no-fail-fast -- "$@"
 fi
-run doctests cargo test --workspace --doc
+run doctests cargo test --workspace --doc --all-features
 
 if [ "${#failed[@]}" -gt 0 ]; then
     printf '\n==> scripts/test.sh: FAILED: %s\n' "${failed[*]}" >&2

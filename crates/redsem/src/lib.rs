@@ -65,8 +65,8 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `tower` | [`tower`](crate::tower): a `Layer`/`Service` limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
-//! | `metrics` | counters, histograms and gauges through the `metrics` facade; names in [`metrics`](crate::metrics) |
+//! | `tower` | [a tower `Layer`/`Service`](crate::tower) limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
+//! | `metrics` | counters, histograms and gauges through the `metrics` facade; names in [the metrics module](crate::metrics) |
 //! | `tls` | `rediss://` URLs (rustls) |
 //!
 //! [`tracing`](https://docs.rs/tracing) spans and events are always emitted (see
