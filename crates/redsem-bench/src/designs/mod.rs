@@ -230,23 +230,25 @@ impl Semaphore {
 
     /// Waits for a slot.
     pub async fn acquire(&self) -> Result<Permit, AcquireError> {
+        // Each design's future is boxed, so that a waiting task holds that design's future
+        // only, not the largest of all designs' (the memory scenario measures per-waiter cost).
         match self {
-            Semaphore::Counter(s) => s.acquire().await.map(Permit::Token),
-            Semaphore::ZsetPoll(s) => s.acquire().await.map(Permit::Token),
-            Semaphore::FifoPoll(s) => s.acquire().await.map(Permit::Token),
-            Semaphore::FifoNotify(s) => s.acquire().await.map(Permit::Token),
-            Semaphore::Redsem(s) => s.acquire().await.map(Permit::Redsem),
+            Semaphore::Counter(s) => Box::pin(s.acquire()).await.map(Permit::Token),
+            Semaphore::ZsetPoll(s) => Box::pin(s.acquire()).await.map(Permit::Token),
+            Semaphore::FifoPoll(s) => Box::pin(s.acquire()).await.map(Permit::Token),
+            Semaphore::FifoNotify(s) => Box::pin(s.acquire()).await.map(Permit::Token),
+            Semaphore::Redsem(s) => Box::pin(s.acquire()).await.map(Permit::Redsem),
         }
     }
 
     /// Gives a slot back; returns when Redis confirmed it.
     pub async fn release(&self, permit: Permit) -> anyhow::Result<()> {
         match (self, permit) {
-            (Semaphore::Counter(s), Permit::Token(t)) => s.release(&t).await,
-            (Semaphore::ZsetPoll(s), Permit::Token(t)) => s.release(&t).await,
-            (Semaphore::FifoPoll(s), Permit::Token(t)) => s.release(&t).await,
-            (Semaphore::FifoNotify(s), Permit::Token(t)) => s.release(&t).await,
-            (Semaphore::Redsem(s), Permit::Redsem(p)) => s.release(p).await,
+            (Semaphore::Counter(s), Permit::Token(t)) => Box::pin(s.release(&t)).await,
+            (Semaphore::ZsetPoll(s), Permit::Token(t)) => Box::pin(s.release(&t)).await,
+            (Semaphore::FifoPoll(s), Permit::Token(t)) => Box::pin(s.release(&t)).await,
+            (Semaphore::FifoNotify(s), Permit::Token(t)) => Box::pin(s.release(&t)).await,
+            (Semaphore::Redsem(s), Permit::Redsem(p)) => Box::pin(s.release(p)).await,
             _ => anyhow::bail!("permit of another design"),
         }
     }
