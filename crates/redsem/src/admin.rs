@@ -13,34 +13,33 @@
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::client::Client;
 use crate::error::Error;
 use crate::keys::Keys;
-use crate::scripts::RawStats;
+use crate::scripts::{Lua, RawStats};
 use crate::semaphore::MAX_LIMIT;
 use crate::stats::Stats;
 
-const PRELUDE: &str = include_str!("scripts/prelude.lua");
 /// Prepended to a script body: a missing configuration means "no such semaphore" (nil reply),
 /// where the plain scripts would create it.
 const GUARD: &str = "if redis.call('EXISTS', K_CFG) == 0 then return false end";
 
-fn guarded(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{GUARD}\n{body}"))
-}
-
-static STATS: LazyLock<Script> = LazyLock::new(|| guarded(include_str!("scripts/stats.lua")));
-static RESIZE: LazyLock<Script> = LazyLock::new(|| guarded(include_str!("scripts/resize.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| guarded(include_str!("scripts/release.lua")));
+static STATS: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("scripts/stats.lua")));
+static RESIZE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("resize", GUARD, include_str!("scripts/resize.lua")));
+static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("scripts/release.lua")));
 
 impl Client {
     /// The names of every semaphore under this client's key prefix, sorted.
     ///
-    /// Found with `SCAN MATCH <prefix>:{*}:cfg` (the configuration key every semaphore has),
-    /// so it costs one round trip per `SCAN` page and walks the whole keyspace of the
-    /// database: meant for operators and exporters, not for a hot path. Nothing is created.
+    /// Found with `SCAN MATCH <prefix>:{*}:cfg` (the configuration key every semaphore has;
+    /// on a cluster, on every master), so it costs one round trip per `SCAN` page and walks
+    /// the whole keyspace of the database: meant for operators and exporters, not for a hot
+    /// path. Nothing is created.
     ///
     /// # Errors
     /// Connection and permission errors.
@@ -50,30 +49,19 @@ impl Client {
         let head = format!("{prefix}:{{");
         let mut conn = self.inner.conn.clone();
         let mut names = BTreeSet::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| Error::from_redis(e, ""))?;
-            for key in keys {
-                let name = key
-                    .strip_prefix(&head)
-                    .and_then(|rest| rest.strip_suffix("}:cfg"));
-                // a prefix with '*' in it could match foreign keys: keep exact matches only
-                if let Some(name) = name.filter(|n| !n.contains(['{', '}'])) {
-                    names.insert(name.to_owned());
-                }
+        // on a cluster, every master is scanned
+        let keys = conn
+            .scan_match(&pattern)
+            .await
+            .map_err(|e| Error::from_redis(e, ""))?;
+        for key in keys {
+            let name = key
+                .strip_prefix(&head)
+                .and_then(|rest| rest.strip_suffix("}:cfg"));
+            // a prefix with '*' in it could match foreign keys: keep exact matches only
+            if let Some(name) = name.filter(|n| !n.contains(['{', '}'])) {
+                names.insert(name.to_owned());
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         Ok(names.into_iter().collect())
     }
@@ -163,23 +151,19 @@ impl Client {
     /// Runs a guarded script on an existing semaphore; a nil reply means it does not exist.
     async fn invoke_guarded(
         &self,
-        script: &Script,
+        script: &Lua,
         keys: &Keys,
         args: &[String],
     ) -> Result<Value, Error> {
-        let mut inv = script.prepare_invoke();
-        for k in &keys.all {
-            inv.key(k);
-        }
+        let mut conn = self.inner.conn.clone();
         // common header (see prelude.lua); the limit is never used: the guard returns first
         // when the configuration is missing
-        inv.arg(1).arg(&keys.channel_base).arg(self.inner.publish);
-        for a in args {
-            inv.arg(a);
-        }
-        let mut conn = self.inner.conn.clone();
-        let v: Value = inv
-            .invoke_async(&mut conn)
+        let v = script
+            .run(&mut conn, keys, 1, self.inner.publish, |inv| {
+                for a in args {
+                    inv.arg(a);
+                }
+            })
             .await
             .map_err(|e| Error::from_redis(e, &keys.name))?;
         if matches!(v, Value::Nil) {

@@ -1,13 +1,13 @@
 //! [`Client`]: the connections and background tasks one process shares between its semaphores.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{Backend, TlsPems};
 use crate::driver::Driver;
 use crate::error::{BackendError, Error};
 use crate::keys::validate_prefix;
@@ -27,6 +27,10 @@ pub const DEFAULT_PREFIX: &str = "redsem";
 ///
 /// Create it once per process, inside a Tokio runtime, and open semaphores from it with
 /// [`Client::semaphore`].
+///
+/// The URL scheme chooses the deployment (see [`Client::connect`]): one server, a Redis
+/// Cluster (`redis+cluster://`) or a master found through Sentinel (`redis+sentinel://`),
+/// each with or without TLS (`rediss…`).
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<ClientInner>,
@@ -41,6 +45,8 @@ pub(crate) struct ClientInner {
     pub(crate) driver: Driver,
     pub(crate) response_timeout: Duration,
     pub(crate) publish: &'static str,
+    /// Synced mode: replicas that must acknowledge a grant, and how long to wait for them.
+    pub(crate) synced: Option<(u32, Duration)>,
     next_channel: AtomicU64,
     stop: CancellationToken,
 }
@@ -69,8 +75,20 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// Connects with default settings. `url` is `redis://[user:password@]host:port[/db]`
-    /// or `unix:///path/to/socket`.
+    /// Connects with default settings. The URL scheme chooses the deployment:
+    ///
+    /// | URL | deployment |
+    /// |---|---|
+    /// | `redis://[user:password@]host:port[/db]` | one server |
+    /// | `unix:///path/to/socket` | one server, over a Unix socket |
+    /// | `redis+cluster://[user:password@]host:port[,host:port…]` | Redis Cluster (the hosts are seeds) |
+    /// | `redis+sentinel://[user:password@]host:port[,host:port…]/master-name[/db]` | the master named by these sentinels, followed across failovers |
+    ///
+    /// `rediss://`, `rediss+cluster://` and `rediss+sentinel://` are the same over TLS
+    /// (crate feature `tls`; a private CA and client certificates are set on the
+    /// [`builder`](Client::builder)). The user and password are those of the data nodes;
+    /// sentinels are contacted without credentials, unless the query gives
+    /// `?sentinel_username=…&sentinel_password=…`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a URL that does not parse, [`Error::Unreachable`] when
@@ -102,7 +120,8 @@ impl Client {
         &self.inner.id
     }
 
-    /// Sends `PING` on the command connection: a cheap health check.
+    /// Sends `PING` on the command connection: a cheap health check (on a cluster, to every
+    /// master).
     ///
     /// # Errors
     /// [`Error::Unreachable`] when Redis does not answer in time.
@@ -123,6 +142,41 @@ pub struct ClientBuilder {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    tls_ca: Option<Pem>,
+    tls_cert: Option<Pem>,
+    tls_key: Option<Pem>,
+    synced: Option<(u32, Duration)>,
+}
+
+/// A PEM file, or its contents.
+#[derive(Clone)]
+enum Pem {
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pem::File(p) => p.fmt(f),
+            Pem::Bytes(_) => f.write_str("<PEM bytes>"),
+        }
+    }
+}
+
+impl Pem {
+    fn load(pem: Option<&Pem>, what: &str) -> Result<Option<Vec<u8>>, Error> {
+        match pem {
+            None => Ok(None),
+            Some(Pem::Bytes(b)) => Ok(Some(b.clone())),
+            Some(Pem::File(path)) => std::fs::read(path).map(Some).map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "cannot read the TLS {what} file {}: {e}",
+                    path.display()
+                ))
+            }),
+        }
+    }
 }
 
 impl ClientBuilder {
@@ -134,6 +188,10 @@ impl ClientBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(3),
             response_timeout: Duration::from_secs(5),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            synced: None,
         }
     }
 
@@ -157,6 +215,61 @@ impl ClientBuilder {
         self
     }
 
+    /// TLS: trust only the CA certificates in this PEM file (instead of the system's roots)
+    /// to verify the server. Needs a `rediss…` URL and the crate feature `tls`. The CLI takes
+    /// it as `--tls-ca` (or `REDSEM_TLS_CA`).
+    pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// TLS: present this client certificate (PEM file; with [`tls_key`](Self::tls_key)), for
+    /// servers started with `tls-auth-clients yes`. CLI: `--tls-cert` / `REDSEM_TLS_CERT`.
+    pub fn tls_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// TLS: the private key of the client certificate (PEM file). CLI: `--tls-key` /
+    /// `REDSEM_TLS_KEY`.
+    pub fn tls_key(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_key = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// [`tls_ca`](Self::tls_ca) from PEM contents instead of a file.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// [`tls_cert`](Self::tls_cert) from PEM contents instead of a file.
+    pub fn tls_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_cert = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// [`tls_key`](Self::tls_key) from PEM contents instead of a file.
+    pub fn tls_key_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_key = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// Synced mode: after every grant, wait (Redis `WAIT`) until `replicas` replicas of the
+    /// master have the grant, for at most `timeout`. If fewer acknowledge in time, the permit
+    /// is released and the acquire fails with [`Error::NotReplicated`].
+    ///
+    /// Redis replicates asynchronously: a master that fails right after a grant may lose it,
+    /// and the promoted replica may grant the same slot again. Synced mode narrows that window
+    /// to grants no replica has seen, at the cost of one more round trip and the replication
+    /// delay on every acquisition (see the README's "Running at scale" for a measured
+    /// figure). It is not consensus: `WAIT` does not make a write durable against every
+    /// failure. `replicas` 0 turns it off (the default).
+    pub fn synced_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.synced = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
     /// Connects both connections and starts the background tasks.
     ///
     /// Must be called inside a Tokio runtime (the background tasks are spawned on it).
@@ -170,37 +283,42 @@ impl ClientBuilder {
                 "connect and response timeouts must be greater than zero".into(),
             ));
         }
+        if let Some((_, timeout)) = self.synced
+            && timeout.is_zero()
+        {
+            return Err(Error::InvalidArgument(
+                "the synced-mode timeout must be greater than zero".into(),
+            ));
+        }
         let shown = redact(&self.url);
-        let info = self.url.as_str().into_connection_info().map_err(|e| {
-            Error::InvalidArgument(format!(
-                "cannot parse Redis URL {shown:?}: {e} (expected redis://[user:password@]host:port[/db] or unix:///path)"
-            ))
-        })?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-
+        let pems = TlsPems {
+            ca: Pem::load(self.tls_ca.as_ref(), "CA")?,
+            cert: Pem::load(self.tls_cert.as_ref(), "client certificate")?,
+            key: Pem::load(self.tls_key.as_ref(), "client key")?,
+        };
+        let backend = Backend::new(&self.url, pems, self.connect_timeout, self.response_timeout)?;
+        let stop = CancellationToken::new();
         let connect = async {
-            let client = redis::Client::open(info.clone()).map_err(|e| Error::from_redis(e, ""))?;
-            let conn = ConnectionManager::new_with_config(client, manager_config.clone())
-                .await
-                .map_err(|e| Error::from_redis(e, ""))?;
-            let notifier = Notifier::connect(info.clone(), manager_config.clone()).await?;
+            let conn = backend.connect(&stop).await?;
+            let notifier = Notifier::connect(&backend, &conn).await?;
             Ok::<_, Error>((conn, notifier))
         };
         let limit = self.connect_timeout * 2;
-        let (conn, (notifier, pushes)) = match tokio::time::timeout(limit, connect).await {
-            Ok(result) => result?,
+        let outcome = tokio::time::timeout(limit, connect).await;
+        let (conn, (notifier, pushes)) = match outcome {
+            Ok(Ok(connected)) => connected,
+            Ok(Err(e)) => {
+                stop.cancel();
+                return Err(e);
+            }
             Err(_) => {
+                stop.cancel();
                 return Err(Error::Unreachable(BackendError::timed_out(format!(
                     "no connection to {shown} within {limit:?}"
                 ))));
             }
         };
 
-        let stop = CancellationToken::new();
         let notifier = Arc::new(notifier);
         let driver = Driver::spawn(conn.clone(), notifier.clone());
         Notifier::spawn_router(&notifier, pushes, stop.clone());
@@ -213,7 +331,8 @@ impl ClientBuilder {
                 notifier,
                 driver,
                 response_timeout: self.response_timeout,
-                publish: "PUBLISH",
+                publish: backend.publish_command(),
+                synced: self.synced,
                 next_channel: AtomicU64::new(0),
                 stop,
             }),

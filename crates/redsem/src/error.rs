@@ -119,6 +119,23 @@ pub enum Error {
     #[error("Redis authentication failed ({0}): check the user name and password in the URL")]
     Auth(String),
 
+    /// Synced mode ([`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas)):
+    /// fewer replicas than required acknowledged the grant in time, so the permit was
+    /// released. A replica is down or lagging; the call can be retried.
+    #[error(
+        "semaphore {name:?}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)"
+    )]
+    NotReplicated {
+        /// The semaphore's name.
+        name: String,
+        /// Replicas that acknowledged the grant in time.
+        acked: u32,
+        /// Replicas required.
+        wanted: u32,
+        /// How long the grant waited for them.
+        timeout: Duration,
+    },
+
     /// Redis could not be reached, or did not answer in time. Check that the server runs and
     /// that the URL is right; calls can be retried.
     #[error("Redis is unreachable or did not answer in time: {0}")]
@@ -135,19 +152,29 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Unreachable(_) | Error::Timeout(_) | Error::NoPermits
+            Error::Unreachable(_)
+                | Error::Timeout(_)
+                | Error::NoPermits
+                | Error::NotReplicated { .. }
         )
     }
 
     pub(crate) fn from_redis(err: redis::RedisError, name: &str) -> Error {
         let text = err.to_string();
         let code = err.code().unwrap_or("");
+        if text.starts_with(crate::backend::DENIED) {
+            // built by redsem to name the missing permission (see backend::denied)
+            return Error::NoPermission(err.detail().unwrap_or(&text).to_owned());
+        }
         if err.is_timeout()
             || err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
-            || code == "LOADING"
-            || code == "BUSY"
+            || matches!(err.kind(), redis::ErrorKind::ClusterConnectionNotFound)
+            || matches!(
+                code,
+                "LOADING" | "BUSY" | "CLUSTERDOWN" | "MASTERDOWN" | "TRYAGAIN" | "READONLY"
+            )
         {
             return Error::Unreachable(BackendError(err));
         }

@@ -81,6 +81,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
+mod backend;
 mod client;
 mod driver;
 mod error;
@@ -94,6 +95,7 @@ mod permit;
 mod scripts;
 mod semaphore;
 mod stats;
+mod synced;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;

@@ -6,20 +6,28 @@
 //! slot, and only the process that owns it receives a message. The router task hands each
 //! record to the semaphore handle, which completes that one waiter.
 //!
-//! Pub/sub is at-most-once. When the connection drops, the client library reconnects and
-//! re-subscribes; the router then re-subscribes explicitly (the library ignores the result
-//! of its own attempt) and asks every semaphore to re-check its waiters at once. Grants lost
-//! in any other way are found by the heartbeat's fallback poll.
+//! On a cluster the channels are *shard* channels (`SSUBSCRIBE`, and the scripts `SPUBLISH`):
+//! a channel lives on the master of its hash slot, the same as the semaphore's keys, so the
+//! subscriber holds one connection per master that serves an opened semaphore. On Sentinel
+//! the subscriber moves to each new master the command connection follows.
+//!
+//! Pub/sub is at-most-once. Whenever the subscription may have lapsed — the connection
+//! dropped (a `Disconnection` push), a health-check `PING` failed, the server dropped a shard
+//! channel (an `SUNSUBSCRIBE` push after a failover or a slot migration), or the master
+//! changed — the resync task subscribes every channel again (explicitly: redis-rs ignores the
+//! result of its own automatic resubscription) and, right after each channel is confirmed,
+//! has its semaphore re-check its waiters, so grants published meanwhile are found at once.
+//! Grants lost in any other way are found by the heartbeat's fallback poll.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::mpsc;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{Backend, Conn, Sentinel, SubConn, denied};
 use crate::error::Error;
 use crate::semaphore::SemShared;
 
@@ -28,33 +36,41 @@ use crate::semaphore::SemShared;
 const HEALTH_CHECK: Duration = Duration::from_secs(5);
 
 pub(crate) struct Notifier {
-    conn: ConnectionManager,
+    /// Held only to clone or swap the connection (never across an await).
+    conn: RwLock<SubConn>,
     routes: Mutex<HashMap<String, Weak<SemShared>>>,
+    response_timeout: Duration,
+    /// Sentinel: the master to follow, and where new subscriber connections send pushes.
+    sentinel: Option<(Arc<Sentinel>, mpsc::UnboundedSender<PushInfo>)>,
+    /// Asks the resync task to subscribe every channel again and re-check the waiters.
+    resync: Notify,
 }
 
 impl Notifier {
     pub(crate) async fn connect(
-        info: ConnectionInfo,
-        config: ConnectionManagerConfig,
+        backend: &Backend,
+        conn: &Conn,
     ) -> Result<(Notifier, mpsc::UnboundedReceiver<PushInfo>), Error> {
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(|e| Error::from_redis(e, ""))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let config = config.set_push_sender(tx).set_automatic_resubscription();
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+        let sub = backend.connect_subscriber(conn, tx.clone()).await?;
+        let sentinel = match conn {
+            Conn::Sentinel(s) => Some((s.clone(), tx)),
+            _ => None,
+        };
         Ok((
             Notifier {
-                conn,
+                conn: RwLock::new(sub),
                 routes: Mutex::new(HashMap::new()),
+                response_timeout: backend.response_timeout,
+                sentinel,
+                resync: Notify::new(),
             },
             rx,
         ))
+    }
+
+    fn conn(&self) -> SubConn {
+        self.conn.read().unwrap().clone()
     }
 
     /// Subscribes `channel` and routes its messages to `sem`. Returns once Redis confirmed
@@ -66,8 +82,16 @@ impl Notifier {
         name: &str,
     ) -> Result<(), Error> {
         self.routes.lock().unwrap().insert(channel.to_owned(), sem);
-        let mut conn = self.conn.clone();
-        if let Err(e) = conn.subscribe(channel).await {
+        let mut conn = self.conn();
+        let result =
+            match tokio::time::timeout(self.response_timeout, conn.subscribe(channel)).await {
+                Ok(r) => r.map_err(|e| explain_denied(e, channel)),
+                Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no subscription confirmation",
+                ))),
+            };
+        if let Err(e) = result {
             self.routes.lock().unwrap().remove(channel);
             return Err(Error::from_redis(e, name));
         }
@@ -76,9 +100,11 @@ impl Notifier {
 
     pub(crate) async fn unsubscribe(&self, channel: &str) {
         self.routes.lock().unwrap().remove(channel);
-        let mut conn = self.conn.clone();
-        if let Err(e) = conn.unsubscribe(channel).await {
-            tracing::debug!(channel, error = %e, "unsubscribe failed");
+        let mut conn = self.conn();
+        match tokio::time::timeout(self.response_timeout, conn.unsubscribe(channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(channel, error = %e, "unsubscribe failed"),
+            Err(_) => tracing::debug!(channel, "unsubscribe timed out"),
         }
     }
 
@@ -86,13 +112,8 @@ impl Notifier {
         self.routes.lock().unwrap().get(channel)?.upgrade()
     }
 
-    fn all_routes(&self) -> Vec<(String, Arc<SemShared>)> {
-        self.routes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|(c, w)| Some((c.clone(), w.upgrade()?)))
-            .collect()
+    fn channels(&self) -> Vec<String> {
+        self.routes.lock().unwrap().keys().cloned().collect()
     }
 
     pub(crate) fn spawn_router(
@@ -100,32 +121,125 @@ impl Notifier {
         pushes: mpsc::UnboundedReceiver<PushInfo>,
         stop: CancellationToken,
     ) {
-        tokio::spawn(router(Arc::downgrade(this), pushes, stop));
+        tokio::spawn(router(Arc::downgrade(this), pushes, stop.clone()));
+        let masters = this.sentinel.as_ref().map(|(s, _)| s.subscribe_changes());
+        tokio::spawn(resync_task(Arc::downgrade(this), masters, stop));
     }
 
-    /// Makes sure the connection is up and every channel subscribed, then has every
-    /// semaphore re-check its waiters (grants published meanwhile were lost).
-    async fn resync(&self) {
+    /// Subscribes every channel again (each until it is confirmed, with backoff) and has its
+    /// semaphore re-check its waiters right after its confirmation.
+    async fn resync(&self, stop: &CancellationToken) {
+        let mut pending = self.channels();
         let mut delay = Duration::from_millis(50);
-        loop {
-            let mut conn = self.conn.clone();
-            match redis::cmd("PING").query_async::<Value>(&mut conn).await {
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, "notifier: waiting for the subscriber connection");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+        while !pending.is_empty() {
+            let mut conn = self.conn();
+            let mut failed = Vec::new();
+            for channel in pending {
+                if self.route(&channel).is_none() {
+                    continue; // unsubscribed meanwhile
+                }
+                let ok =
+                    tokio::time::timeout(self.response_timeout, conn.subscribe(&channel)).await;
+                match ok {
+                    Ok(Ok(())) => {
+                        if let Some(sem) = self.route(&channel) {
+                            sem.recheck_now();
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(channel, error = %e, "notifier: re-subscribe failed");
+                        failed.push(channel);
+                    }
+                    Err(_) => {
+                        tracing::debug!(channel, "notifier: re-subscribe timed out");
+                        failed.push(channel);
+                    }
                 }
             }
-        }
-        for (channel, sem) in self.all_routes() {
-            let mut conn = self.conn.clone();
-            if let Err(e) = conn.subscribe(&channel).await {
-                tracing::warn!(channel, error = %e, "notifier: re-subscribe failed");
+            pending = failed;
+            if pending.is_empty() {
+                break;
             }
-            sem.recheck_now();
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(2));
         }
         tracing::debug!("notifier: subscriptions restored, waiters re-checked");
+    }
+
+    /// Sentinel: moves the subscriber to the new master (retrying until it answers).
+    async fn follow_master(&self, stop: &CancellationToken) {
+        let Some((sentinel, tx)) = &self.sentinel else {
+            return;
+        };
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match sentinel.connect_subscriber(tx.clone()).await {
+                Ok(conn) => {
+                    *self.conn.write().unwrap() = SubConn::Single(conn);
+                    tracing::info!("notifier: subscriber moved to the new master");
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "notifier: cannot reach the new master yet"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Names the channel in a subscription refused for lack of permission.
+fn explain_denied(e: redis::RedisError, channel: &str) -> redis::RedisError {
+    if e.code() != Some("NOPERM") {
+        return e;
+    }
+    let pattern = channel
+        .find("}:c:")
+        .map_or(channel.to_owned(), |i| format!("{}*", &channel[..i + 4]));
+    denied(format!(
+        "the user may not subscribe to the channel {channel:?} (channels {pattern:?}; \
+         Redis said: {e})"
+    ))
+}
+
+/// Runs the resyncs one at a time (a trigger during a run causes one more run).
+async fn resync_task(
+    notifier: Weak<Notifier>,
+    mut masters: Option<watch::Receiver<u64>>,
+    stop: CancellationToken,
+) {
+    if let Some(rx) = &mut masters {
+        rx.borrow_and_update();
+    }
+    loop {
+        let Some(n) = notifier.upgrade() else { return };
+        let master_changed = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = n.resync.notified() => false,
+            changed = next_change(&mut masters) => {
+                if changed.is_err() {
+                    masters = None;
+                    continue;
+                }
+                true
+            }
+        };
+        if master_changed {
+            n.follow_master(&stop).await;
+        }
+        n.resync(&stop).await;
+    }
+}
+
+async fn next_change(rx: &mut Option<watch::Receiver<u64>>) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -143,11 +257,11 @@ async fn router(
             _ = health.tick() => {
                 let Some(n) = notifier.upgrade() else { return };
                 if n.routes.lock().unwrap().is_empty() { continue; }
-                let mut conn = n.conn.clone();
-                let ok = tokio::time::timeout(HEALTH_CHECK, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
-                if !matches!(ok, Ok(Ok(_))) {
+                let mut conn = n.conn();
+                let ok = tokio::time::timeout(HEALTH_CHECK, conn.ping()).await;
+                if !matches!(ok, Ok(Ok(()))) {
                     tracing::warn!("notifier: subscriber connection unhealthy, resynchronising");
-                    tokio::select! { _ = stop.cancelled() => return, _ = n.resync() => {} }
+                    n.resync.notify_one();
                 }
                 continue;
             }
@@ -166,7 +280,19 @@ async fn router(
             }
             PushKind::Disconnection => {
                 tracing::info!("notifier: subscriber connection lost; reconnecting");
-                tokio::select! { _ = stop.cancelled() => return, _ = n.resync() => {} }
+                n.resync.notify_one();
+            }
+            // The server dropped a channel we still want: its slot moved (failover, resharding).
+            PushKind::SUnsubscribe | PushKind::Unsubscribe => {
+                if let Some(channel) = text(push.data.first())
+                    && n.route(&channel).is_some()
+                {
+                    tracing::info!(
+                        channel,
+                        "notifier: the server dropped a subscription; resubscribing"
+                    );
+                    n.resync.notify_one();
+                }
             }
             _ => {}
         }

@@ -429,10 +429,13 @@ impl SemShared {
             slots = tracing::field::Empty,
         );
         let started = Instant::now();
-        let result = self
-            .acquire_untraced(n, try_only, deadline)
-            .instrument(span.clone())
-            .await;
+        let result = async {
+            let permit = self.acquire_untraced(n, try_only, deadline).await?;
+            // synced mode: the grant must be on enough replicas (a no-op otherwise)
+            self.confirm_synced(permit).await
+        }
+        .instrument(span.clone())
+        .await;
         let waited = started.elapsed();
         match &result {
             Ok(permit) => {

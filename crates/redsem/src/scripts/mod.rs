@@ -9,23 +9,79 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
+use crate::backend::{DENIED, denied};
 use crate::keys::Keys;
 
 const PRELUDE: &str = include_str!("prelude.lua");
 
-fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{body}"))
+/// A script and its source (to name what a failing line calls).
+pub(crate) struct Lua {
+    name: &'static str,
+    source: String,
+    script: Script,
 }
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| script(include_str!("acquire.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| script(include_str!("renew.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("release.lua")));
-static OPEN: LazyLock<Script> = LazyLock::new(|| script(include_str!("open.lua")));
-static RESIZE: LazyLock<Script> = LazyLock::new(|| script(include_str!("resize.lua")));
-static STATS: LazyLock<Script> = LazyLock::new(|| script(include_str!("stats.lua")));
+impl Lua {
+    /// `body` with the prelude (and `extra`, if any) in front of it.
+    pub(crate) fn new(name: &'static str, extra: &str, body: &str) -> Lua {
+        let source = if extra.is_empty() {
+            format!("{PRELUDE}\n{body}")
+        } else {
+            format!("{PRELUDE}\n{extra}\n{body}")
+        };
+        Lua {
+            name,
+            script: Script::new(&source),
+            source,
+        }
+    }
 
-/// The connection every script runs on.
-pub(crate) type Conn = redis::aio::ConnectionManager;
+    /// Runs the script on `keys` with the common header (limit, channel base, publish
+    /// command) and the arguments `args` adds. Errors for lack of permission name what the
+    /// user may not do (see [`explain_denied`]).
+    pub(crate) async fn run(
+        &self,
+        conn: &mut Conn,
+        keys: &Keys,
+        limit: u32,
+        publish: &'static str,
+        args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+    ) -> redis::RedisResult<Value> {
+        let mut inv = self.script.prepare_invoke();
+        for k in &keys.all {
+            inv.key(k);
+        }
+        inv.arg(limit).arg(&keys.channel_base).arg(publish);
+        args(&mut inv);
+        inv.invoke_async(conn)
+            .await
+            .map_err(|e| explain_denied(e, self, keys, publish))
+    }
+
+    pub(crate) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    pub(crate) async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        self.script
+            .prepare_invoke()
+            .load_async(conn)
+            .await
+            .map(drop)
+    }
+}
+
+static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("acquire", "", include_str!("acquire.lua")));
+static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new("renew", "", include_str!("renew.lua")));
+static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("release", "", include_str!("release.lua")));
+static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!("open.lua")));
+static RESIZE: LazyLock<Lua> = LazyLock::new(|| Lua::new("resize", "", include_str!("resize.lua")));
+static STATS: LazyLock<Lua> = LazyLock::new(|| Lua::new("stats", "", include_str!("stats.lua")));
+
+/// The connection every script runs on: one server, a cluster, or the Sentinel master.
+pub(crate) type Conn = crate::backend::Conn;
 
 /// What a script needs to address one semaphore: its keys, the limit to (re)create it with,
 /// and how grants are published.
@@ -37,17 +93,94 @@ pub(crate) struct Target<'a> {
 
 async fn invoke(
     conn: &mut Conn,
-    script: &Script,
+    script: &Lua,
     t: &Target<'_>,
     args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
 ) -> redis::RedisResult<Value> {
-    let mut inv = script.prepare_invoke();
-    for k in &t.keys.all {
-        inv.key(k);
+    script.run(conn, t.keys, t.limit, t.publish, args).await
+}
+
+/// Rewrites an ACL refusal so that it names what the user lacks.
+///
+/// Redis and Valkey do not always say: inside a script, Redis 7.0 reports "can't run this
+/// command" with the script's line number only, and neither names a refused key or channel.
+/// The line number points into `script`'s source, which names the command; the keys and the
+/// channels are those of the semaphore.
+pub(crate) fn explain_denied(
+    e: redis::RedisError,
+    script: &Lua,
+    keys: &Keys,
+    publish: &str,
+) -> redis::RedisError {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    let acl = e.code() == Some("NOPERM")
+        || lower.contains("no permissions")
+        || lower.contains("acl failure")
+        || lower.contains("the user executing the script can't");
+    if !acl || text.contains(DENIED) {
+        return e;
     }
-    inv.arg(t.limit).arg(&t.keys.channel_base).arg(t.publish);
-    args(&mut inv);
-    inv.invoke_async(conn).await
+    let key_pattern = format!("{}*", keys.channel_base.trim_end_matches("c:"));
+    let channels = format!("{}*", keys.channel_base);
+    let in_script = line_of(&text)
+        .and_then(|n| script.source.lines().nth(n.saturating_sub(1)))
+        .map(str::trim);
+    let called = in_script.and_then(|line| called_command(line, publish));
+    let what = if lower.contains("channel") {
+        format!("publish to or subscribe to the channels {channels:?} ({publish})")
+    } else if lower.contains("key") {
+        format!(
+            "access the keys of semaphore {:?} ({key_pattern:?})",
+            keys.name
+        )
+    } else if let Some(cmd) = &called {
+        format!("run the command {cmd}")
+    } else if let Some(cmd) = quoted_command(&text) {
+        format!("run the command {}", cmd.to_ascii_uppercase())
+    } else {
+        "run a command redsem needs".to_owned()
+    };
+    let place = match (in_script, called) {
+        (Some(_), Some(cmd)) => format!(
+            " (inside redsem's {} script, which calls {cmd})",
+            script.name
+        ),
+        (Some(line), None) => format!(" (inside redsem's {} script: `{line}`)", script.name),
+        _ => String::new(),
+    };
+    denied(format!(
+        "the Redis user may not {what}{place}; Redis said: {}",
+        text.trim()
+    ))
+}
+
+/// The line number in "... @user_script:12 ..." (Redis) / "... @user_script:12." (Valkey).
+fn line_of(text: &str) -> Option<usize> {
+    let at = text.find("@user_script:")? + "@user_script:".len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The command a script line calls: `redis.call('HGET', ...)` → `HGET`; `redis.call(PUB, ...)`
+/// → the publish command.
+fn called_command(line: &str, publish: &str) -> Option<String> {
+    let at = line.find("redis.call(")? + "redis.call(".len();
+    let arg = &line[at..];
+    if let Some(rest) = arg.strip_prefix('\'') {
+        return Some(rest.split('\'').next()?.to_ascii_uppercase());
+    }
+    arg.starts_with("PUB").then(|| publish.to_owned())
+}
+
+/// `'script|load'` in "... no permissions to run the 'script|load' command".
+fn quoted_command(text: &str) -> Option<&str> {
+    let start = text.find("run the '")? + "run the '".len();
+    let len = text[start..].find('\'')?;
+    Some(&text[start..start + len])
 }
 
 /// A granted entry's ticket, slots and their fencing generations (same order).
@@ -134,9 +267,13 @@ pub(crate) async fn renew(
         }
     })
     .await?;
-    let items = array(&v)?;
+    parse_renew(&v, ids.len())
+}
+
+fn parse_renew(v: &Value, ids: usize) -> redis::RedisResult<(Option<u64>, Vec<EntryState>)> {
+    let items = array(v)?;
     let next = expiry(int(items.first())?);
-    let states = array(items.get(1).ok_or_else(|| unexpected(&v))?)?
+    let states = array(items.get(1).ok_or_else(|| unexpected(v))?)?
         .iter()
         .map(|s| {
             let s = array(s)?;
@@ -147,10 +284,57 @@ pub(crate) async fn renew(
             })
         })
         .collect::<redis::RedisResult<Vec<_>>>()?;
-    if states.len() != ids.len() {
-        return Err(unexpected(&v));
+    if states.len() != ids {
+        return Err(unexpected(v));
     }
     Ok((next, states))
+}
+
+/// Synced mode: renews `id` and, on the same connection, `WAIT`s for `replicas` replicas
+/// (replication is ordered, so a replica that has this renewal also has the grant before
+/// it). Returns the entry's state and how many replicas acknowledged.
+pub(crate) async fn renew_and_wait(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    id: &str,
+    replicas: u32,
+    timeout: std::time::Duration,
+) -> redis::RedisResult<(EntryState, u32)> {
+    for attempt in 0..2 {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(RENEW.hash())
+            .arg(t.keys.all.len())
+            .arg(&t.keys.all[..])
+            .arg(t.limit)
+            .arg(&t.keys.channel_base)
+            .arg(t.publish)
+            .arg(id);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .add_command(evalsha)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis() as u64);
+        let values = conn.pipeline_on_key(&t.keys.all[0], &pipe).await?;
+        let (renewed, acked) = match values.as_slice() {
+            [renewed, acked] => (renewed, acked),
+            _ => return Err(unexpected(&Value::Array(values))),
+        };
+        if let Value::ServerError(e) = renewed {
+            if e.code() == "NOSCRIPT" && attempt == 0 {
+                RENEW.load(conn).await?;
+                continue;
+            }
+            return Err(explain_denied(e.clone().into(), &RENEW, t.keys, t.publish));
+        }
+        if let Value::ServerError(e) = acked {
+            return Err(e.clone().into());
+        }
+        let (_, mut states) = parse_renew(renewed, 1)?;
+        return Ok((states.remove(0), int(Some(acked))?.max(0) as u32));
+    }
+    unreachable!("the second attempt returns")
 }
 
 /// Removes holders or queued waiters (idempotent). `force` advances the slots' fences.

@@ -1,0 +1,53 @@
+//! Synced mode: a grant counts once enough replicas have it.
+//!
+//! Redis replicates asynchronously. If a master fails after granting a permit but before any
+//! replica received the grant, the promoted replica does not know the holder and may grant
+//! the same slot to someone else. With
+//! [`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas), every grant is
+//! confirmed before `acquire` returns: one more script call renews the new holder and, on the
+//! same connection, `WAIT n timeout` waits until `n` replicas have processed it (replication
+//! is ordered, so they have the grant too). Too few acknowledgements in time: the permit is
+//! released and the acquire fails with [`Error::NotReplicated`].
+
+use std::sync::Arc;
+
+use crate::error::{Error, LostReason};
+use crate::permit::Permit;
+use crate::scripts::{self, EntryState};
+use crate::semaphore::SemShared;
+
+impl SemShared {
+    /// Returns `permit` once the grant is on enough replicas (at once when synced mode is off).
+    pub(crate) async fn confirm_synced(self: &Arc<Self>, permit: Permit) -> Result<Permit, Error> {
+        let Some((replicas, timeout)) = self.client.synced else {
+            return Ok(permit);
+        };
+        let mut conn = self.client.conn.clone();
+        let target = self.core.target();
+        let reply =
+            scripts::renew_and_wait(&mut conn, &target, permit.holder_id(), replicas, timeout)
+                .await;
+        match reply {
+            Ok((EntryState::Held(_), acked)) if acked >= replicas => Ok(permit),
+            Ok((EntryState::Held(_), acked)) => {
+                tracing::warn!(semaphore = %self.name(), acked, wanted = replicas,
+                    "synced mode: too few replicas acknowledged the grant; releasing it");
+                let _ = permit.release().await;
+                Err(Error::NotReplicated {
+                    name: self.name().to_owned(),
+                    acked,
+                    wanted: replicas,
+                    timeout,
+                })
+            }
+            Ok(_) => {
+                drop(permit);
+                Err(Error::LeaseLost(LostReason::NotHolder))
+            }
+            Err(e) => {
+                drop(permit);
+                Err(Error::from_redis(e, self.name()))
+            }
+        }
+    }
+}
