@@ -104,8 +104,9 @@ pub struct RunArgs {
     #[arg(long, visible_alias = "id", value_name = "NAME")]
     pub name: String,
 
-    /// Most permits held at once, across every machine (GNU sem: -j). Must match the limit
-    /// stored in Redis if the semaphore exists (change it with `redsem limit`).
+    /// Most permits held at once, across every machine (GNU sem: -j): the limit the semaphore
+    /// is created with. An existing semaphore keeps the limit stored in Redis, which
+    /// `redsem limit` changes for everyone.
     #[arg(long, short = 'j', value_name = "L")]
     pub limit: u32,
 

@@ -2,8 +2,9 @@
 //! while the library renews the lease, forward signals, and kill the group if the slot is
 //! lost.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::IsTerminal;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -14,7 +15,7 @@ use crate::{Global, RunArgs};
 
 /// The command was not run or did not finish because the wait timed out.
 pub const EXIT_TIMEOUT: u8 = 124;
-/// redsem's own error: bad arguments, Redis unreachable, authentication, limit conflict...
+/// redsem's own error: bad arguments, Redis unreachable, authentication, WRONGTYPE...
 pub const EXIT_REDSEM_ERROR: u8 = 125;
 /// The command exists but could not be executed.
 pub const EXIT_NOT_EXECUTABLE: u8 = 126;
@@ -32,6 +33,10 @@ Environment of the command:
   REDSEM_HOLDER  the holder id (as in `redsem stats`, for `redsem release --holder`)
   REDSEM_TICKET  the FIFO ticket number the permits were granted under
 
+--limit creates the semaphore; an existing one keeps the limit stored in Redis (which
+`redsem limit` changes for everyone), and redsem uses that. The command is looked up
+before waiting: a command that cannot run fails at once (126, 127).
+
 The command runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to redsem are
 forwarded to that group; the permits are released as soon as the command exits. If the
 slot is lost (the lease could not be renewed, or an operator released it), the group gets
@@ -45,8 +50,8 @@ Exit status:
   75                    the slot was lost while the command ran; the command was terminated
   124                   no permits within --timeout; the command was not run
   125                   redsem's own error (bad arguments, Redis unreachable, authentication,
-                        limit conflict, WRONGTYPE...); the command was not run
-  126                   the command could not be executed (permission denied)
+                        WRONGTYPE, more permits than the limit...); the command was not run
+  126                   the command could not be executed (not an executable file)
   127                   the command was not found";
 
 /// The signals `run` forwards to the command.
@@ -93,16 +98,39 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     let program = a.command[0].clone();
     let label = a.label.clone().unwrap_or_else(|| default_label(&a.command));
 
+    // Do not queue for a command that cannot run.
+    if let Err((code, what)) = check_program(&program) {
+        say!("redsem: cannot run {:?}: {what}", program.to_string_lossy());
+        return Ok(code);
+    }
+
     // Nothing is queued yet: a signal here just stops.
     let setup = async {
         let client = common::connect(g).await?;
-        let sem = client
-            .semaphore(&name, a.limit)
-            .lease(a.lease)
-            .label(common::truncate(&label, 200))
-            .open()
-            .await?;
-        Ok::<_, Failure>((client, sem))
+        let open = |limit: u32| {
+            client
+                .semaphore(&name, limit)
+                .lease(a.lease)
+                .label(common::truncate(&label, 200))
+                .open()
+        };
+        // --limit creates the semaphore; an existing one keeps the limit stored in Redis
+        // (an operator may have changed it with `redsem limit`): adopt it
+        let mut limit = a.limit;
+        for _ in 0..3 {
+            match open(limit).await {
+                Err(redsem::Error::LimitConflict { stored, .. }) => {
+                    if a.verbose {
+                        say!(
+                            "redsem: semaphore {name:?} has limit {stored} in Redis, not {limit}: using {stored}"
+                        );
+                    }
+                    limit = stored;
+                }
+                r => return Ok::<_, Failure>((client.clone(), r?)),
+            }
+        }
+        Ok((client.clone(), open(limit).await?))
     };
     let (client, sem) = tokio::select! {
         r = setup => r?,
@@ -114,7 +142,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         say!(
             "redsem: waiting for {} permit(s) of {name:?} (limit {})",
             a.permits,
-            a.limit
+            sem.limit()
         );
     }
     let acquire = async {
@@ -262,6 +290,36 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     }
     flush(&client).await;
     Ok(exit_code(status))
+}
+
+/// Whether `program` can be executed, as far as can be told before running it: a path
+/// must name an executable file, a bare name must be found in `PATH`. Errors are the exit
+/// code and the reason.
+fn check_program(program: &OsStr) -> Result<(), (u8, &'static str)> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let path = Path::new(program);
+    if path.components().count() > 1 || program.as_encoded_bytes().contains(&b'/') {
+        return match executable(path) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err((EXIT_NOT_EXECUTABLE, "not an executable file")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err((EXIT_NOT_FOUND, "no such file"))
+            }
+            Err(_) => Err((EXIT_NOT_EXECUTABLE, "permission denied")),
+        };
+    }
+    let found = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| executable(&dir.join(program)).unwrap_or(false))
+    });
+    if found {
+        Ok(())
+    } else {
+        Err((EXIT_NOT_FOUND, "command not found"))
+    }
 }
 
 /// The shell convention: the exit code, or 128 + the signal that killed the process.

@@ -218,10 +218,28 @@ fn limit_resizes_live_and_release_reports_unknown_holders() {
     let out = run(redsem(&server).args(["release", "nope", "--holder", "x"]));
     assert_eq!(code(&out), 3, "{}", stderr(&out));
 
-    // a limit conflict in `run` is redsem's own error, 125
-    let out = run(redsem(&server).args(["run", "--name", "grow", "--limit", "7", "--", "true"]));
-    assert_eq!(code(&out), 125);
-    assert!(stderr(&out).contains("--limit 2"), "{}", stderr(&out));
+    // `run` adopts the stored limit (an operator changed it) whatever its --limit says
+    let out = run(redsem(&server).args([
+        "run", "-v", "--name", "grow", "--limit", "7", "--", "sh", "-c", "echo ran",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ran");
+    assert!(stderr(&out).contains("using 2"), "{}", stderr(&out));
+    assert_eq!(stats_json(&server, "grow")["limit"], 2);
+    // more permits than the stored limit: redsem's own error, 125
+    let out = run(redsem(&server).args([
+        "run",
+        "--name",
+        "grow",
+        "--limit",
+        "7",
+        "--permits",
+        "3",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("limit is 2"), "{}", stderr(&out));
 }
 
 /// `watch` without a terminal prints one block per refresh, with the alerts.

@@ -60,7 +60,7 @@ t 'for i in 1 2 3 4 5 6; do redsem run --name licence-server --limit 4 --label "
 t 'redsem run -v --name licence-server --limit 4 --permits 2 -- sh -c '"'"'echo "slots $REDSEM_SLOTS, fences $REDSEM_FENCES, ticket $REDSEM_TICKET"'"'"''
 t 'redsem run --name licence-server --limit 4 -- sh -c "exit 3"'
 t 'redsem run --name licence-server --limit 4 -- no-such-tool --version'
-t 'redsem run --name licence-server --limit 5 -- true'
+t 'redsem run --name licence-server --limit 4 --permits 5 -- true'
 echo "### 2"
 b 'redsem run --name licence-server --limit 4 --permits 4 --label "backup (all 4 seats)" -- sleep 600 2>backup.err & BACKUP=$!'
 sleep 0.5
