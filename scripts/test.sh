@@ -32,6 +32,8 @@ run docs env RUSTDOCFLAGS="-D warnings" cargo doc -p redsem --no-deps --all-feat
 
 # Valkey is installed above: a missing one must fail the tests, not skip half of them.
 export REDSEM_REQUIRE_VALKEY=1
+# ...and the Python/Rust interoperability tests must run, not skip.
+export REDSEM_REQUIRE_INTEROP=1
 if cargo nextest --version >/dev/null 2>&1; then
     run tests cargo nextest run --workspace --all-features --no-fail-fast --profile ci "$@"
 else

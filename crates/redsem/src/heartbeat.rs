@@ -82,7 +82,10 @@ fn next_wakeup(sh: &SemShared) -> Option<Instant> {
         earliest(deadline(sh, lease));
     }
     if st.has_waiters() {
-        earliest(st.waiters_checked_at + sh.settings.fallback_poll);
+        // Waiters hold a lease too: renew it at least every renewal interval (a fallback
+        // poll longer than the lease would otherwise let Redis reap them, and they would lose
+        // their place in the queue).
+        earliest(st.waiters_checked_at + sh.settings.fallback_poll.min(sh.settings.renew_every));
         if let Some(c) = st.next_check {
             earliest(c);
         }

@@ -23,13 +23,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
+-- refuses a semaphore written under another version rather than misread it.
+local PROTOCOL = 1
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
 local function load_limit()
-  local l = redis.call('HGET', K_CFG, 'limit')
-  if l then return tonumber(l) end
-  l = tonumber(ARGV[1])
+  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver')
+  if cfg[1] then
+    if cfg[2] and tonumber(cfg[2]) ~= PROTOCOL then
+      error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. cfg[2]
+        .. ', this client speaks version ' .. PROTOCOL .. ': use a client that speaks it' })
+    end
+    return tonumber(cfg[1])
+  end
+  local l = tonumber(ARGV[1])
   CREATED = true
-  redis.call('HSET', K_CFG, 'limit', l, 'ver', 1)
+  redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
   redis.call('DEL', K_FREE)
   for s = 0, l - 1 do
     if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
