@@ -17,6 +17,24 @@
 //! Put a local cap ([`SemaphoreBuilder::local_cap`](crate::SemaphoreBuilder::local_cap)) in
 //! front of it when one replica could otherwise queue thousands of tickets.
 //!
+//! The same choice as a chart, question by question:
+//!
+//! ```text
+//! Is the scarce thing a number of operations per unit of time (an API quota per second)?
+//! ├─ yes ─> a rate limiter. A semaphore bounds how many run at once, not how often.
+//! └─ no: it is a number of things at once (connections, licences, GPUs, a fragile service).
+//!    Is every user of it inside one process?
+//!    ├─ yes ─> tokio::sync::Semaphore. No network, no lease, nothing to renew.
+//!    └─ no: replicas, workers, cron jobs on several hosts, services in several languages.
+//!       Is going over the limit merely slower (load), or harmful (corruption, a ban, a bill)?
+//!       ├─ load ────> redsem: FIFO across processes, crash-safe leases.
+//!       └─ harmful ─> redsem AND a fence check at the resource (crate::fencing): a paused
+//!                     holder cannot be stopped by its lease, only refused by the resource.
+//! ```
+//!
+//! Neither redsem nor a rate limiter replaces the other: an API that allows 10 requests per
+//! second *and* 3 at a time needs both.
+//!
 //! ## Choosing the lease and the renewal interval
 //!
 //! The **lease** bounds how long a crashed holder blocks its slot, and how long a crashed
@@ -40,7 +58,11 @@
 //!
 //! The **fallback poll** (default 1 s) bounds how long a waiter waits for a grant whose
 //! notification was lost (pub/sub is at-most-once). Each process with waiters makes one
-//! call per interval, whatever the number of its waiters.
+//! call per interval, whatever the number of its waiters. Waiters hold leases too, so they
+//! are also renewed every renewal interval: a lease shorter than the fallback poll is fine.
+//!
+//! A job longer than its lease needs nothing special: keep the lease short (fast crash
+//! recovery) and let the renewals carry the job (see `examples/long_job.rs`).
 //!
 //! ## What happens on each failure
 //!
@@ -56,6 +78,8 @@
 //! | Redis restarted with its data lost | holders' renewals find their entries gone (lost), waiters queue again at the back, the configuration is re-created from the limit the processes opened with | holders lose their slots; fences restart at 1 (use a persistent Redis, or a resource-side fence store that survives) |
 //! | Redis failover to a replica (asynchronous replication) | the last writes may be missing on the new primary: a grant may be forgotten, and its slot granted again | up to `limit` extra holders until the old ones' renewals fail; fencing protects the resource |
 //! | a key replaced by a foreign value | the scripts fail with `WRONGTYPE` | [`Error::WrongType`](crate::Error::WrongType) naming the semaphore |
+//! | a request behind the tower layer loses its permit | the inner future is dropped | the response future fails with [`Error::LeaseLost`](crate::Error::LeaseLost) (boxed) |
+//! | the semaphore was created by a newer, incompatible protocol version | every script refuses it before changing anything | an error starting with `REDSEM_PROTOCOL` naming both versions |
 //!
 //! ## Guarantees
 //!
@@ -74,8 +98,66 @@
 //! - **Cleanup**: every entry has a lease; nothing a crashed process wrote outlives it. The
 //!   semaphore's own configuration (limit, free slots, fence generations) stays in Redis.
 //!
-//! ## Protocol
+//! ## Limiting requests in tower, axum, hyper, reqwest or tonic stacks
+//!
+//! With the `tower` feature, `redsem::tower::ConcurrencyLimitLayer` wraps any tower
+//! `Service`: each request holds a permit while it runs, across every replica. Unlike tower's
+//! own `ConcurrencyLimit`, the permit is taken when the request is *called*, not when the
+//! service is *readied* (a readied, idle service would otherwise hold a Redis lease), and it
+//! is released when the response future completes or is dropped. A lost permit fails the
+//! request with [`Error::LeaseLost`](crate::Error::LeaseLost); an acquire timeout fails it
+//! with [`Error::Timeout`](crate::Error::Timeout) (or, with a zero timeout,
+//! [`Error::NoPermits`](crate::Error::NoPermits)), boxed in `tower::BoxError`. In axum, turn
+//! these into responses with `HandleErrorLayer` (e.g. 503 and `Retry-After`). See
+//! `examples/fragile_http.rs` for a client stack limited across processes.
+//!
+//! ## Observability
+//!
+//! **tracing** (always on; free without a subscriber). Spans:
+//!
+//! | span | level | fields | covers |
+//! |---|---|---|---|
+//! | `redsem.acquire` | debug | `semaphore`, `permits`, `mode` (`wait`/`try`), `holder`, `ticket`, `slots` | one acquisition, from the call to the grant or error |
+//! | `redsem.hold` | info | `semaphore`, `holder`, `ticket`, `slots` | the work run by [`Permit::run`](crate::Permit::run): your own events inside carry the permit's identity |
+//! | `redsem.renew` | debug | `semaphore`, `holders`, `waiters` | one batched renewal call |
+//!
+//! Events (target `redsem::...`):
+//!
+//! | message | level | fields |
+//! |---|---|---|
+//! | `waiting in the queue` | debug | `ticket` (in `redsem.acquire`) |
+//! | `granted` | debug | `waited_ms` (in `redsem.acquire`, which has `holder`, `ticket`, `slots`) |
+//! | `acquire failed` | debug | `error`, `waited_ms` |
+//! | `renewed` | debug | (in `redsem.renew`) |
+//! | `heartbeat failed; retrying`, `heartbeat timed out; retrying` | warn | `semaphore`, `error` |
+//! | `lease lost` | warn | `semaphore`, `holder`, `ticket`, `slots`, `reason` |
+//! | `released`, `released (in the background)`, `detached: ...` | debug | `semaphore`, `holder`, `ticket`, `slots` |
+//! | `background release failed`, `giving up the background release: ...` | warn | `semaphore`, `attempt` / `entries` |
+//!
+//! **metrics** (feature `metrics`, through the `metrics` facade): wait time, hold time,
+//! grants, failures, renewals, lost leases, expiries reaped, abandoned releases and local
+//! queue depth, each labelled by `semaphore`; the names and meanings are in
+//! [`metrics`](crate::metrics). Alert on `redsem_leases_lost_total` and
+//! `redsem_releases_abandoned_total`; watch `redsem_acquire_wait_seconds` and
+//! `redsem_local_waiters` for a limit that is too low.
+//!
+//! ## Sharing a semaphore with other languages
+//!
+//! The protocol is open: `docs/PROTOCOL.md` in the repository specifies the keys, every
+//! script's keys, arguments and replies, the notification messages, what a client must do
+//! and the versioning rule. A client in another language loads the same Lua scripts and
+//! follows those rules; `interop/python` is such a client, and the tests run it together
+//! with Rust processes on one semaphore (one limit, one FIFO order).
+//!
+//! The `cfg` hash of a semaphore records its protocol version (`ver`, now 1). An
+//! incompatible change bumps it; every script of every version checks it first, so an old
+//! client facing a newer semaphore fails with a `REDSEM_PROTOCOL` error instead of
+//! misreading it. Compatible additions (new optional fields, new message records, which
+//! clients ignore) keep the version.
+//!
+//! ## Protocol, in brief
 //!
 //! Keys share the hash tag `{<name>}`: `<prefix>:{<name>}:cfg`, `:queue`, `:exp`, `:meta`,
 //! `:slots`, `:free`, `:fence`; each client handle listens on `<prefix>:{<name>}:c:<id>`.
-//! The Lua scripts beside `src/scripts/mod.rs` document their arguments and replies.
+//! The Lua scripts beside `src/scripts/mod.rs` document their arguments and replies;
+//! `docs/PROTOCOL.md` is the full specification.

@@ -65,7 +65,7 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `tower` | [a tower `Layer`/`Service`](crate::tower) limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
+//! | `tower` | `redsem::tower`: a tower `Layer`/`Service` limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade; names in [the metrics module](crate::metrics) |
 //! | `tls` | `rediss://` URLs (rustls) |
 //!

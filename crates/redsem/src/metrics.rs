@@ -7,7 +7,7 @@
 //! dashboards and alerts written in Rust.
 //!
 //! Every series has the label `semaphore` (the semaphore's name). Counters and histograms are
-//! per process: each replica reports what it saw. Call [`describe`] once after installing a
+//! per process: each replica reports what it saw. Call `describe()` (feature `metrics`) once after installing a
 //! recorder to register units and help texts.
 //!
 //! | name | type | extra labels | what |
