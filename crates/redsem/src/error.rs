@@ -108,6 +108,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// The semaphore was created under another, incompatible version of the redsem protocol
+    /// (a newer client, or another implementation; see `docs/PROTOCOL.md`). Nothing was
+    /// changed. Use a client that speaks that version, or recreate the semaphore.
+    #[error("semaphore {name:?}: {detail}")]
+    ProtocolMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// What the script said: the semaphore's version and this client's.
+        detail: String,
+    },
+
     /// The Redis user may not run a command or touch a key or channel that redsem needs.
     /// Grant the rule documented in the README's Security section.
     #[error(
@@ -182,6 +193,15 @@ impl Error {
             return Error::WrongType {
                 name: name.to_owned(),
                 detail: err.detail().unwrap_or(&text).to_owned(),
+            };
+        }
+        if code == "REDSEM_PROTOCOL" {
+            let detail = err.detail().unwrap_or(&text);
+            // Redis appends " script: <sha>, on @user_script:<line>."
+            let detail = detail.split(" script: ").next().unwrap_or(detail);
+            return Error::ProtocolMismatch {
+                name: name.to_owned(),
+                detail: detail.to_owned(),
             };
         }
         if code == "NOPERM"

@@ -79,7 +79,7 @@
 //! | Redis failover to a replica (asynchronous replication) | the last writes may be missing on the new primary: a grant may be forgotten, and its slot granted again | up to `limit` extra holders until the old ones' renewals fail; fencing protects the resource |
 //! | a key replaced by a foreign value | the scripts fail with `WRONGTYPE` | [`Error::WrongType`](crate::Error::WrongType) naming the semaphore |
 //! | a request behind the tower layer loses its permit | the inner future is dropped | the response future fails with [`Error::LeaseLost`](crate::Error::LeaseLost) (boxed) |
-//! | the semaphore was created by a newer, incompatible protocol version | every script refuses it before changing anything | an error starting with `REDSEM_PROTOCOL` naming both versions |
+//! | the semaphore was created by a newer, incompatible protocol version | every script refuses it before changing anything (a `REDSEM_PROTOCOL` error reply) | [`Error::ProtocolMismatch`](crate::Error::ProtocolMismatch) naming both versions |
 //!
 //! ## Guarantees
 //!
@@ -151,7 +151,8 @@
 //!
 //! The `cfg` hash of a semaphore records its protocol version (`ver`, now 1). An
 //! incompatible change bumps it; every script of every version checks it first, so an old
-//! client facing a newer semaphore fails with a `REDSEM_PROTOCOL` error instead of
+//! client facing a newer semaphore fails with a `REDSEM_PROTOCOL` error
+//! ([`Error::ProtocolMismatch`](crate::Error::ProtocolMismatch) in Rust) instead of
 //! misreading it. Compatible additions (new optional fields, new message records, which
 //! clients ignore) keep the version.
 //!

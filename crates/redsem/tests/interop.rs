@@ -370,9 +370,13 @@ async fn a_semaphore_of_another_protocol_version_is_refused_by_both() {
     server.cmd(&["HSET", "redsem:{future}:cfg", "ver", "2"]);
     let err = sem.acquire().await.unwrap_err();
     assert!(
-        err.to_string().contains("REDSEM_PROTOCOL")
-            && err.to_string().contains("uses redsem protocol version 2"),
-        "{err}"
+        matches!(&err, redsem::Error::ProtocolMismatch { name, .. } if name == "future"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "semaphore \"future\": semaphore uses redsem protocol version 2, this client speaks version 1: \
+         use a client that speaks it"
     );
     assert_eq!(card(&server, "future", "queue"), 0, "nothing was written");
     let Some(python) = python() else { return };
