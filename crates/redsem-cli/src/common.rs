@@ -108,18 +108,28 @@ pub async fn connect(g: &Global) -> Result<redsem::Client, Failure> {
 
 /// [`connect`] with the library's error.
 pub async fn connect_raw(g: &Global) -> Result<redsem::Client, redsem::Error> {
-    redsem::Client::builder(normalize_url(&g.redis_url))
+    let mut b = redsem::Client::builder(normalize_url(&g.redis_url))
         .prefix(&g.prefix)
-        .connect_timeout(g.connect_timeout)
-        .build()
-        .await
+        .connect_timeout(g.connect_timeout);
+    if let Some(ca) = &g.tls_ca {
+        b = b.tls_ca(ca);
+    }
+    if let Some(cert) = &g.tls_cert {
+        b = b.tls_cert(cert);
+    }
+    if let Some(key) = &g.tls_key {
+        b = b.tls_key(key);
+    }
+    b.build().await
 }
 
 /// A connection error, naming the (redacted) URL.
 pub fn connect_error(g: &Global, e: &redsem::Error) -> String {
     let text = e.to_string();
-    let hint = if text.contains("certificate") {
-        " (TLS: the server's certificate is not trusted; point SSL_CERT_FILE at its CA)"
+    let hint = if text.contains("CertificateRequired") {
+        " (TLS: the server requires a client certificate: give --tls-cert and --tls-key)"
+    } else if text.contains("certificate") {
+        " (TLS: the server's certificate is not trusted; name its CA with --tls-ca)"
     } else if text.contains("TLS") && text.contains("not enabled") {
         " (this redsem was built without the `tls` feature)"
     } else {
@@ -132,8 +142,25 @@ pub fn connect_error(g: &Global, e: &redsem::Error) -> String {
     )
 }
 
-/// The URL with its password hidden.
+/// The URL with its passwords hidden (in the user info and in `...password=` query
+/// parameters, such as Sentinel's).
 pub fn redact(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{}?{}", redact_userinfo(base), query.join("&"))
+        }
+        None => redact_userinfo(url),
+    }
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
@@ -269,6 +296,14 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact("unix:///tmp/r.sock"), "unix:///tmp/r.sock");
+        assert_eq!(
+            redact("redis+cluster://app:pw@a:1,b:2"),
+            "redis+cluster://app:***@a:1,b:2"
+        );
+        assert_eq!(
+            redact("redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=pw"),
+            "redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=***"
+        );
     }
 
     #[test]

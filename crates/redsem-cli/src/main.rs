@@ -13,6 +13,7 @@ mod show;
 mod watch;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -41,8 +42,9 @@ struct Cli {
 /// Options shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct Global {
-    /// Redis URL: redis://[user:password@]host:port[/db], rediss://... (TLS), or
-    /// unix:///path/to/redis.sock (a bare /path/to/redis.sock works too).
+    /// Redis URL: redis://[user:password@]host:port[/db], unix:///path/to/redis.sock (or a
+    /// bare /path/to/redis.sock), redis+cluster://host:port[,host:port...] (Redis Cluster),
+    /// redis+sentinel://host:port[,host:port...]/master-name (Sentinel); rediss... for TLS.
     #[arg(
         long,
         env = "REDIS_URL",
@@ -73,6 +75,38 @@ pub struct Global {
         help_heading = "Connection"
     )]
     pub connect_timeout: Duration,
+
+    /// TLS: trust only the CA certificates in this PEM file (default: the system's roots).
+    #[arg(
+        long,
+        env = "REDSEM_TLS_CA",
+        value_name = "PEM",
+        global = true,
+        help_heading = "Connection"
+    )]
+    pub tls_ca: Option<PathBuf>,
+
+    /// TLS: client certificate (PEM), for servers that require one (with --tls-key).
+    #[arg(
+        long,
+        env = "REDSEM_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key",
+        global = true,
+        help_heading = "Connection"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS: private key of the client certificate (PEM).
+    #[arg(
+        long,
+        env = "REDSEM_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert",
+        global = true,
+        help_heading = "Connection"
+    )]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -261,7 +295,8 @@ fn invoked_run() -> bool {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--redis-url" | "--prefix" | "--connect-timeout" => {
+            "--redis-url" | "--prefix" | "--connect-timeout" | "--tls-ca" | "--tls-cert"
+            | "--tls-key" => {
                 args.next();
             }
             s if s.starts_with('-') => {}

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use serde::Serialize;
 
 use crate::common::{self, Failure, fmt_dur, fmt_fences, table};
@@ -120,9 +121,18 @@ struct ListEntry {
 pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
     let names = client.list_semaphores().await?;
-    let mut entries = Vec::with_capacity(names.len());
-    for name in names {
-        match client.inspect(&name).await {
+    // a few snapshots in flight at once, in name order
+    let snapshots: Vec<_> = futures_util::stream::iter(names)
+        .map(|name| {
+            let client = client.clone();
+            async move { (client.inspect(&name).await, name) }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    let mut entries = Vec::with_capacity(snapshots.len());
+    for (snapshot, name) in snapshots {
+        match snapshot {
             Ok(s) => entries.push(ListEntry {
                 oldest_wait_ms: s.oldest_wait().map(|d| d.as_millis() as u64),
                 name: s.name,

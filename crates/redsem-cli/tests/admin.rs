@@ -558,13 +558,14 @@ fn unix_sockets_work() {
     drop(server);
 }
 
-/// `rediss://`: trusted through `SSL_CERT_FILE`, and a clear error when the CA is unknown.
+/// `rediss://` with a private CA (`--tls-ca` or `REDSEM_TLS_CA`, or `SSL_CERT_FILE` for the
+/// system roots), client certificates, and a clear error when the CA is unknown.
 #[test]
 fn tls_urls_work() {
     let certs = test_support::TlsCerts::generate();
     let server = test_support::TlsServer::start(Flavor::Redis, &certs, false);
     let url = server.tls_url();
-    let out = run(redsem_at(&url).env("SSL_CERT_FILE", &certs.ca).args([
+    let out = run(redsem_at(&url).arg("--tls-ca").arg(&certs.ca).args([
         "run",
         "--name",
         "tls",
@@ -577,15 +578,48 @@ fn tls_urls_work() {
     ]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "0:1");
+    let out = run(redsem_at(&url)
+        .env("REDSEM_TLS_CA", &certs.ca)
+        .args(["stats", "tls"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem_at(&url)
+        .env("SSL_CERT_FILE", &certs.ca)
+        .args(["stats", "tls"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
 
     let out = run(redsem_at(&url)
-        .env("SSL_CERT_FILE", &certs.other_ca)
+        .arg("--tls-ca")
+        .arg(&certs.other_ca)
         .args(["stats", "tls"]));
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
-        err.contains("certificate") && err.contains("SSL_CERT_FILE"),
+        err.contains("certificate") && err.contains("--tls-ca"),
         "{err}"
+    );
+
+    // a server that requires client certificates
+    let mtls = test_support::TlsServer::start(Flavor::Redis, &certs, true);
+    let out = run(redsem_at(&mtls.tls_url())
+        .arg("--tls-ca")
+        .arg(&certs.ca)
+        .arg("--tls-cert")
+        .arg(&certs.client_cert)
+        .arg("--tls-key")
+        .arg(&certs.client_key)
+        .args(["run", "--name", "mtls", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem_at(&mtls.tls_url())
+        .arg("--tls-ca")
+        .arg(&certs.ca)
+        .args(["list"]));
+    assert_eq!(code(&out), 1, "no client certificate: refused");
+    assert!(stderr(&out).contains("--tls-cert"), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).trim_end().lines().count(),
+        1,
+        "{}",
+        stderr(&out)
     );
 }

@@ -87,6 +87,7 @@ b 'wait $BACKUP; echo "redsem run exited with $?"; cat backup.err'
 sleep 0.3
 t 'redsem stats licence-server'
 t 'redsem limit licence-server 4'
+t 'redsem run -v --name licence-server --limit 6 -- true'
 t "redsem release licence-server --holder $H"
 wait
 echo "### 6"
@@ -115,8 +116,8 @@ t 'redsem run --name legacy --limit 1 -- true'
 t 'redsem --redis-url redis://127.0.0.1:1/ run --name x --limit 1 -- true'
 t 'redsem limit licence-server 0'
 t 'redsem --redis-url rediss://localhost:$TLS_PORT/ list'
-t 'SSL_CERT_FILE=$SSL_CA redsem --redis-url rediss://localhost:$TLS_PORT/ run --name tls-demo --limit 1 -- echo hello over TLS'
-t 'SSL_CERT_FILE=$SSL_CA redsem --redis-url rediss://localhost:$TLS_PORT/ list'
+t 'redsem --redis-url rediss://localhost:$TLS_PORT/ --tls-ca $SSL_CA run --name tls-demo --limit 1 -- echo hello over TLS'
+t 'REDSEM_TLS_CA=$SSL_CA redsem --redis-url rediss://localhost:$TLS_PORT/ list'
 echo "### 9"
 b 'redsem run --name gpu-pool --limit 1 --label "training run 41" -- sleep 20 &'
 sleep 0.3
