@@ -623,3 +623,48 @@ fn tls_urls_work() {
         stderr(&out)
     );
 }
+
+/// A Redis Cluster (`redis+cluster://`): `run` holds a slot, `list` finds semaphores on every
+/// master, the exporter serves them.
+#[test]
+fn cluster_urls_work() {
+    let cluster = test_support::Cluster::start(Flavor::Redis);
+    let url = cluster.url();
+    let names = ["alpha", "bravo", "charlie", "delta", "echo"];
+    for name in names {
+        let out = run(redsem_at(&url).args([
+            "run",
+            "--name",
+            name,
+            "--limit",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $REDSEM_SLOTS",
+        ]));
+        assert_eq!(code(&out), 0, "{name}: {}", stderr(&out));
+        assert_eq!(stdout(&out).trim(), "0");
+    }
+    // the names hash to several masters
+    let masters: std::collections::BTreeSet<usize> = names
+        .iter()
+        .map(|n| cluster.master_for_key(&format!("redsem:{{{n}}}:cfg")))
+        .collect();
+    assert!(masters.len() > 1, "all names on one master: {masters:?}");
+
+    let out = run(redsem_at(&url).args(["list", "--json"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, names);
+    let out = run(redsem_at(&url).args(["stats", "charlie", "--json"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["grants_total"], 1);
+}
