@@ -126,9 +126,24 @@ async fn beat(sh: &Arc<SemShared>) {
         holders = holders.len(),
         waiters = waiters.len(),
     );
-    let reply = tokio::time::timeout_at(limit, scripts::renew(&mut conn, &sh.core.target(), &ids))
-        .instrument(span.clone())
-        .await;
+    let target = sh.core.target();
+    let renew = scripts::renew(&mut conn, &target, &ids).instrument(span.clone());
+    tokio::pin!(renew);
+    // A grant notified while this call is in flight adds a holder whose lease (the waiter's)
+    // may end before the answer comes: a poke lowers the limit to its deadline too.
+    let mut poked = false;
+    let reply = loop {
+        tokio::select! {
+            r = &mut renew => break Ok(r),
+            _ = tokio::time::sleep_until(limit) => break Err(()),
+            _ = sh.poke.notified() => {
+                poked = true;
+                for lease in sh.state.lock().unwrap().holders.values() {
+                    limit = limit.min(deadline(sh, lease).max(sent + Duration::from_millis(1)));
+                }
+            }
+        }
+    };
     let now = Instant::now();
     crate::metrics::renewal(sh.name(), matches!(reply, Ok(Ok(_))));
     match reply {
@@ -166,11 +181,23 @@ async fn beat(sh: &Arc<SemShared>) {
             sh.state.lock().unwrap().retry_at = Some(now + RETRY);
         }
     }
-    // Holders whose lease could have expired without a confirmed renewal are lost.
-    for (id, lease) in &holders {
+    // Holders whose lease could have expired without a confirmed renewal are lost (those
+    // granted during the call included).
+    let current: Vec<(String, Arc<LeaseState>)> = {
+        let st = sh.state.lock().unwrap();
+        st.holders
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect()
+    };
+    for (id, lease) in &current {
         if deadline(sh, lease) <= Instant::now() {
             lose(sh, id, lease, LostReason::Unreachable);
         }
+    }
+    if poked {
+        // the pokes consumed above were meant for the loop as well
+        sh.poke.notify_one();
     }
 }
 
