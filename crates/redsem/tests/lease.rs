@@ -69,6 +69,52 @@ async fn a_waiter_keeps_its_place_longer_than_the_lease() {
     }
 }
 
+/// A process that only waits must renew its waiters' leases at the renewal interval, not
+/// only at the fallback interval (1 s by default): with a shorter lease its waiters would
+/// expire, be reaped and queue again at the back (fixed in a362a1d). The test above does not
+/// show it: there the holder's renewals carry the waiter's along.
+#[tokio::test]
+async fn a_waiter_in_a_process_that_holds_nothing_keeps_its_place_longer_than_the_lease() {
+    for server in servers() {
+        let lease = Duration::from_millis(300);
+        let holder_client = client(&server).await;
+        let held = open(&holder_client, "lone-waiter", 1, lease)
+            .await
+            .acquire()
+            .await
+            .unwrap();
+        // default fallback poll (1 s): longer than the lease
+        let waiter_client = client(&server).await;
+        let sem = open(&waiter_client, "lone-waiter", 1, lease).await;
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap().ticket() })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "lone-waiter",
+                "queue"
+            ) == 1)
+            .await
+        );
+        let ticket_before = sem.stats().await.unwrap().waiters[0].ticket;
+        tokio::time::sleep(lease * 4).await;
+        drop(held);
+        let ticket = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter was never granted")
+            .unwrap();
+        assert_eq!(
+            ticket,
+            ticket_before,
+            "{}: the waiter was re-queued: its lease expired",
+            server.flavor()
+        );
+        assert_eq!(sem.stats().await.unwrap().expired_total, 0);
+    }
+}
+
 #[tokio::test]
 async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
     for server in servers() {
