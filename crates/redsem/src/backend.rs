@@ -71,6 +71,7 @@ impl TlsPems {
 
 #[cfg(feature = "tls")]
 type Certs = redis::TlsCertificates;
+// without TLS there are never certificates (an uninhabited type keeps the code paths alike)
 #[cfg(not(feature = "tls"))]
 type Certs = std::convert::Infallible;
 
@@ -294,6 +295,7 @@ impl Backend {
                 let client = self.cluster_builder(nodes).build().map_err(map)?;
                 Conn::Cluster(client.get_async_connection().await.map_err(map)?)
             }
+            #[allow(clippy::clone_on_copy)] // Certs is Copy only without the tls feature
             Topology::Sentinel(spec) => Conn::Sentinel(
                 Sentinel::connect(
                     spec.clone(),

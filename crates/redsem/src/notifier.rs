@@ -127,33 +127,38 @@ impl Notifier {
     }
 
     /// Subscribes every channel again (each until it is confirmed, with backoff) and has its
-    /// semaphore re-check its waiters right after its confirmation.
-    async fn resync(&self, stop: &CancellationToken) {
+    /// semaphore re-check its waiters right after its confirmation. If the master changes
+    /// meanwhile (Sentinel), the subscriber moves to it first and every channel is redone.
+    async fn resync(&self, stop: &CancellationToken, masters: &mut Option<watch::Receiver<u64>>) {
         let mut pending = self.channels();
         let mut delay = Duration::from_millis(50);
         while !pending.is_empty() {
             let mut conn = self.conn();
             let mut failed = Vec::new();
-            for channel in pending {
+            // one connection: the first failure says it is down; a cluster: other shards
+            // may be fine
+            let single = matches!(conn, SubConn::Single(_));
+            let mut channels = pending.into_iter();
+            while let Some(channel) = channels.next() {
                 if self.route(&channel).is_none() {
                     continue; // unsubscribed meanwhile
                 }
                 let ok =
                     tokio::time::timeout(self.response_timeout, conn.subscribe(&channel)).await;
-                match ok {
+                let error = match ok {
                     Ok(Ok(())) => {
                         if let Some(sem) = self.route(&channel) {
                             sem.recheck_now();
                         }
+                        continue;
                     }
-                    Ok(Err(e)) => {
-                        tracing::debug!(channel, error = %e, "notifier: re-subscribe failed");
-                        failed.push(channel);
-                    }
-                    Err(_) => {
-                        tracing::debug!(channel, "notifier: re-subscribe timed out");
-                        failed.push(channel);
-                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_owned(),
+                };
+                tracing::debug!(channel, error, "notifier: re-subscribe failed");
+                failed.push(channel);
+                if single {
+                    failed.extend(channels.by_ref());
                 }
             }
             pending = failed;
@@ -163,6 +168,15 @@ impl Notifier {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
+                changed = next_change(masters) => {
+                    if changed.is_ok() {
+                        self.follow_master(stop).await;
+                        pending = self.channels();
+                        delay = Duration::from_millis(50);
+                        continue;
+                    }
+                    *masters = None;
+                }
             }
             delay = (delay * 2).min(Duration::from_secs(2));
         }
@@ -232,7 +246,7 @@ async fn resync_task(
         if master_changed {
             n.follow_master(&stop).await;
         }
-        n.resync(&stop).await;
+        n.resync(&stop, &mut masters).await;
     }
 }
 
