@@ -139,13 +139,25 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     if hosts.is_empty() {
         return Err(bad("no host".into()));
     }
-    let (path, query) = match tail.split_once('?') {
-        Some((p, q)) => (p, format!("?{q}")),
+    let (tail, fragment) = match tail.split_once('#') {
+        Some((t, f)) => (t, format!("#{f}")),
         None => (tail, String::new()),
     };
-    let (path, fragment) = match path.split_once('#') {
-        Some((p, f)) => (p, format!("#{f}")),
-        None => (path, String::new()),
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    // sentinel_username / sentinel_password are ours; the rest goes to redis-rs
+    let (mut sentinel_user, mut sentinel_pass) = (None, None);
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("sentinel_username", v)) => sentinel_user = Some(percent_decode(v)),
+            Some(("sentinel_password", v)) => sentinel_pass = Some(percent_decode(v)),
+            _ => rest.push(pair),
+        }
+    }
+    let query = if rest.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", rest.join("&"))
     };
     let node = |host: &str, creds: &str, path: &str| -> Result<ConnectionInfo, Error> {
         format!("{base}://{creds}{host}{path}{query}{fragment}")
@@ -183,9 +195,17 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
             } else {
                 format!("{h}:26379")
             };
-            node(&h, "", "")
+            let info = node(&h, "", "")?;
+            let mut settings = info.redis_settings().clone().set_db(0);
+            if let Some(u) = &sentinel_user {
+                settings = settings.set_username(u);
+            }
+            if let Some(p) = &sentinel_pass {
+                settings = settings.set_password(p);
+            }
+            Ok(info.set_redis_settings(settings))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, Error>>()?;
     Ok(Topology::Sentinel(SentinelSpec {
         sentinels,
         master_name,
@@ -348,6 +368,29 @@ impl Backend {
             }
         })
     }
+}
+
+/// Decodes `%XX` escapes (for credentials given in the query).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        if bytes[i] == b'%'
+            && let Some(b) = hex
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn resp3(info: &ConnectionInfo) -> ConnectionInfo {
@@ -979,6 +1022,16 @@ mod tests {
         assert_eq!(addr_of(&s.sentinels[1]), "s2:26379");
         assert_eq!(s.sentinels[0].redis_settings().password(), None);
         assert!(!s.tls);
+        let Topology::Sentinel(s) = parse_url(
+            "redis+sentinel://s1:5000/m?sentinel_username=watch&sentinel_password=p%40ss",
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(s.sentinels[0].redis_settings().username(), Some("watch"));
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("p@ss"));
+        assert_eq!(s.data.password(), None);
+        assert_eq!(percent_decode("a%2Fb%"), "a/b%");
         for bad in [
             "redis+sentinel://s1:5000",
             "redis+cluster://",

@@ -207,17 +207,28 @@ impl Notifier {
     }
 }
 
-/// Names the channel in a subscription refused for lack of permission.
+/// Names what is missing when a subscription is refused for lack of permission: the
+/// channel pattern, or the command.
 fn explain_denied(e: redis::RedisError, channel: &str) -> redis::RedisError {
     if e.code() != Some("NOPERM") {
         return e;
+    }
+    let text = e.to_string();
+    if !text.to_ascii_lowercase().contains("channel") {
+        let command = text
+            .split('\'')
+            .nth(1)
+            .map_or("SUBSCRIBE".to_owned(), str::to_ascii_uppercase);
+        return denied(format!(
+            "the Redis user may not run the command {command}; Redis said: {text}"
+        ));
     }
     let pattern = channel
         .find("}:c:")
         .map_or(channel.to_owned(), |i| format!("{}*", &channel[..i + 4]));
     denied(format!(
-        "the user may not subscribe to the channel {channel:?} (channels {pattern:?}; \
-         Redis said: {e})"
+        "the Redis user may not subscribe to the channel {channel:?} (the pattern \
+         {pattern:?} must be allowed); Redis said: {text}"
     ))
 }
 

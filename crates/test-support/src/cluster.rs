@@ -99,6 +99,12 @@ impl Cluster {
             ]
             .map(String::from),
         );
+        // replicas authenticate to their master as the default user
+        if let Some(pw) = &opts.server.password {
+            server_opts
+                .extra_args
+                .extend(["--masterauth".to_owned(), pw.clone()]);
+        }
         let nodes: Vec<Server> = (0..total)
             .map(|_| Server::start_with(flavor, server_opts.clone()))
             .collect();

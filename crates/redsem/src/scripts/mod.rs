@@ -126,7 +126,11 @@ pub(crate) fn explain_denied(
     let in_script = line_of(&text)
         .and_then(|n| script.source.lines().nth(n.saturating_sub(1)))
         .map(str::trim);
-    let called = in_script.and_then(|line| called_command(line, publish));
+    // Valkey names the command ('hget'); Redis 7.0 inside a script only gives the line
+    let on_line = in_script
+        .map(|line| called_commands(line, publish))
+        .unwrap_or_default();
+    let named = quoted_command(&text).map(str::to_ascii_uppercase);
     let what = if lower.contains("channel") {
         format!("publish to or subscribe to the channels {channels:?} ({publish})")
     } else if lower.contains("key") {
@@ -134,20 +138,19 @@ pub(crate) fn explain_denied(
             "access the keys of semaphore {:?} ({key_pattern:?})",
             keys.name
         )
-    } else if let Some(cmd) = &called {
+    } else if let Some(cmd) = &named {
         format!("run the command {cmd}")
-    } else if let Some(cmd) = quoted_command(&text) {
-        format!("run the command {}", cmd.to_ascii_uppercase())
+    } else if on_line.len() == 1 {
+        format!("run the command {}", on_line[0])
+    } else if !on_line.is_empty() {
+        format!("run one of the commands {}", on_line.join(", "))
     } else {
         "run a command redsem needs".to_owned()
     };
-    let place = match (in_script, called) {
-        (Some(_), Some(cmd)) => format!(
-            " (inside redsem's {} script, which calls {cmd})",
-            script.name
-        ),
-        (Some(line), None) => format!(" (inside redsem's {} script: `{line}`)", script.name),
-        _ => String::new(),
+    let place = if in_script.is_some() {
+        format!(" (inside redsem's {} script)", script.name)
+    } else {
+        String::new()
     };
     denied(format!(
         "the Redis user may not {what}{place}; Redis said: {}",
@@ -165,15 +168,25 @@ fn line_of(text: &str) -> Option<usize> {
     digits.parse().ok()
 }
 
-/// The command a script line calls: `redis.call('HGET', ...)` → `HGET`; `redis.call(PUB, ...)`
-/// → the publish command.
-fn called_command(line: &str, publish: &str) -> Option<String> {
-    let at = line.find("redis.call(")? + "redis.call(".len();
-    let arg = &line[at..];
-    if let Some(rest) = arg.strip_prefix('\'') {
-        return Some(rest.split('\'').next()?.to_ascii_uppercase());
+/// The commands a script line calls: `redis.call('HGET', ...)` → `HGET`;
+/// `redis.call(PUB, ...)` → the publish command.
+fn called_commands(line: &str, publish: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for call in line.split("redis.call(").skip(1) {
+        let cmd = match call.strip_prefix('\'') {
+            Some(rest) => rest
+                .split('\'')
+                .next()
+                .unwrap_or_default()
+                .to_ascii_uppercase(),
+            None if call.starts_with("PUB") => publish.to_owned(),
+            None => continue,
+        };
+        if !cmd.is_empty() && !out.contains(&cmd) {
+            out.push(cmd);
+        }
     }
-    arg.starts_with("PUB").then(|| publish.to_owned())
+    out
 }
 
 /// `'script|load'` in "... no permissions to run the 'script|load' command".
@@ -497,6 +510,33 @@ pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_script_lines_name_their_commands() {
+        assert_eq!(
+            line_of("ERR ... script: abc, on @user_script:12."),
+            Some(12)
+        );
+        assert_eq!(
+            line_of("ERR ACL failure in script: x script: on @user_script:7."),
+            Some(7)
+        );
+        assert_eq!(
+            called_commands(
+                "redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE)",
+                "PUBLISH"
+            ),
+            vec!["HLEN", "ZCARD"]
+        );
+        assert_eq!(
+            called_commands("redis.call(PUB, CH_BASE .. c, msg)", "SPUBLISH"),
+            vec!["SPUBLISH"]
+        );
+        assert_eq!(
+            quoted_command("NOPERM User u has no permissions to run the 'script|load' command"),
+            Some("script|load")
+        );
+    }
 
     #[test]
     fn notices_parse() {

@@ -1,0 +1,86 @@
+//! The CLI runs as a user with exactly the documented ACL rule (docs/security.md), and a user
+//! lacking a permission gets an error that names it.
+
+mod common;
+
+use common::*;
+
+/// The rule of docs/security.md (crates/redsem/tests/acl.rs checks that the documentation
+/// shows it, and that every permission in it is needed).
+const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
++evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals \
++zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zscore +zpopmin \
++publish +spublish +scan +cluster|slots +role +wait";
+
+fn without(cmd: &str) -> String {
+    let drop = format!("+{cmd}");
+    RULE.split_whitespace()
+        .filter(|t| *t != drop)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn server() -> Server {
+    Server::start_with(
+        Flavor::Redis,
+        ServerOptions {
+            acl_users: vec![
+                format!("user app on >pw {RULE}"),
+                format!("user nopop on >pw {}", without("zpopmin")),
+                format!("user noscan on >pw {}", without("scan")),
+            ],
+            password: Some("admin".into()),
+            ..Default::default()
+        },
+    )
+}
+
+fn as_user(server: &Server, user: &str) -> std::process::Command {
+    redsem_at(
+        &server
+            .url()
+            .replace("redis://", &format!("redis://{user}:pw@")),
+    )
+}
+
+#[test]
+fn every_subcommand_works_as_the_documented_user() {
+    let server = server();
+    let out = run(as_user(&server, "app").args([
+        "run", "--name", "acl", "--limit", "2", "--", "sh", "-c", "exit 0",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for args in [
+        vec!["stats", "acl"],
+        vec!["stats", "acl", "--json"],
+        vec!["list"],
+        vec!["limit", "acl", "3"],
+        vec!["watch", "acl", "--interval", "100ms", "--iterations", "1"],
+    ] {
+        let out = run(as_user(&server, "app").args(&args));
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    let out = run(as_user(&server, "app").args(["release", "acl", "--holder", "nobody"]));
+    assert_eq!(code(&out), 3, "an unknown holder: {}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["HGET", "redsem:{acl}:cfg", "limit"]).as_str(),
+        Some("3")
+    );
+}
+
+#[test]
+fn a_missing_permission_is_named_on_stderr() {
+    let server = server();
+    let out =
+        run(as_user(&server, "nopop").args(["run", "--name", "p", "--limit", "1", "--", "true"]));
+    assert_ne!(code(&out), 0);
+    let err = stderr(&out);
+    assert!(err.contains("ZPOPMIN"), "{err}");
+    assert!(err.to_lowercase().contains("permission"), "{err}");
+
+    let out = run(as_user(&server, "noscan").args(["list"]));
+    assert_eq!(code(&out), 1);
+    let err = stderr(&out);
+    assert!(err.contains("scan"), "{err}");
+}

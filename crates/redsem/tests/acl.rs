@@ -1,0 +1,244 @@
+//! The minimal ACL rule for a redsem user (docs/security.md): the library works as exactly
+//! that user, every permission in it is needed, and a user lacking one gets
+//! `Error::NoPermission` naming what is missing.
+
+use std::time::Duration;
+
+use redsem::{Client, Error};
+use test_support::{Cluster, ClusterOptions, Server, ServerOptions, flavors};
+
+/// The rule, as documented (docs/security.md, README "Security"); the test below checks that
+/// the documentation shows exactly this.
+const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
++evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals \
++zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zscore +zpopmin \
++publish +spublish +scan +cluster|slots +role +wait";
+
+/// Commands of the rule that only a cluster, Sentinel, synced mode or a dropped handle use:
+/// the standalone scenario below cannot show that each is needed.
+const NOT_IN_SCENARIO: &[&str] = &[
+    "ssubscribe",
+    "sunsubscribe",
+    "spublish",
+    "cluster|slots",
+    "role",
+    "wait",
+    "unsubscribe",
+];
+
+fn commands() -> Vec<&'static str> {
+    RULE.split_whitespace()
+        .filter_map(|t| t.strip_prefix('+'))
+        .collect()
+}
+
+/// The rule without `+cmd`.
+fn without(cmd: &str) -> String {
+    let drop = format!("+{cmd}");
+    RULE.split_whitespace()
+        .filter(|t| *t != drop)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn user_line(name: &str, rule: &str) -> String {
+    format!("user {name} on >pw {rule}")
+}
+
+fn url(server: &Server, user: &str) -> String {
+    server
+        .url()
+        .replace("redis://", &format!("redis://{user}:pw@"))
+}
+
+async fn connect(url: &str) -> Result<Client, Error> {
+    Client::builder(url)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+}
+
+/// Everything the library does on one server, as `url`'s user; the first error.
+async fn scenario(url: &str, name: &str) -> Result<(), Error> {
+    let client = connect(url).await?;
+    client.ping().await?;
+    let sem = client
+        .semaphore(name, 2)
+        .lease(Duration::from_millis(900))
+        .renew_every(Duration::from_millis(100))
+        .open()
+        .await?;
+    let a = sem.acquire().await?;
+    let b = sem.try_acquire().await?;
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // queued and renewed
+    a.release().await?;
+    let c = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .map_err(|_| Error::Timeout(Duration::from_secs(5)))?
+        .unwrap()?;
+    let st = sem.stats().await?;
+    assert_eq!(st.in_use, 2);
+    sem.resize(3).await?;
+    sem.resize(1).await?;
+    assert!(sem.force_release(c.holder_id()).await?);
+    client.inspect(name).await?;
+    assert_eq!(client.list_semaphores().await?, vec![name.to_owned()]);
+    client.resize_existing(name, 2).await?;
+    client.force_release_existing(name, b.holder_id()).await?;
+    drop((b, c));
+    client.flush_releases().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_library_works_as_exactly_the_documented_user() {
+    for flavor in flavors() {
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: vec![user_line("app", RULE)],
+                password: Some("admin".into()),
+                ..Default::default()
+            },
+        );
+        scenario(&url(&server, "app"), "acl-ok")
+            .await
+            .unwrap_or_else(|e| panic!("{flavor}: {e}"));
+        // synced mode's WAIT (no replica here: it fails for lack of replicas, not of rights)
+        let client = Client::builder(url(&server, "app"))
+            .synced_replicas(1, Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap();
+        let sem = client.semaphore("acl-synced", 1).open().await.unwrap();
+        let err = sem.acquire().await.unwrap_err();
+        assert!(
+            matches!(err, Error::NotReplicated { acked: 0, .. }),
+            "{err:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_permission_of_the_rule_is_needed_and_its_absence_is_named() {
+    for flavor in flavors() {
+        let scenario_commands: Vec<&str> = commands()
+            .into_iter()
+            .filter(|c| !NOT_IN_SCENARIO.contains(c))
+            .collect();
+        let users: Vec<String> = scenario_commands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| user_line(&format!("no{i}"), &without(c)))
+            .collect();
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: users,
+                password: Some("admin".into()),
+                ..Default::default()
+            },
+        );
+        for (i, cmd) in scenario_commands.iter().enumerate() {
+            // scripts loaded by an earlier user would hide a missing `script|load`
+            server.cmd(&["SCRIPT", "FLUSH"]);
+            let name = format!("acl-{i}");
+            let err = match scenario(&url(&server, &format!("no{i}")), &name).await {
+                Ok(()) => panic!("{flavor}: a user without {cmd} could do everything"),
+                Err(e) => e,
+            };
+            let text = err.to_string();
+            println!("{flavor}: without {cmd}: {text}");
+            assert!(
+                matches!(err, Error::NoPermission(_)),
+                "{flavor}: without {cmd}: {err:?}"
+            );
+            let named = cmd.to_ascii_uppercase();
+            assert!(
+                text.to_ascii_uppercase().contains(&named),
+                "{flavor}: the error does not name {cmd}: {text}"
+            );
+            server.cmd(&["FLUSHALL"]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_user_without_the_key_or_channel_patterns_is_told_which() {
+    for flavor in flavors() {
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: vec![
+                    user_line("nokeys", &RULE.replace("~redsem:*", "~other:*")),
+                    user_line("nochannels", &RULE.replace("&redsem:*", "&other:*")),
+                ],
+                ..Default::default()
+            },
+        );
+        let err = scenario(&url(&server, "nokeys"), "k").await.unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{err:?}");
+        assert!(err.to_string().contains("redsem:{k}:*"), "{flavor}: {err}");
+        let err = scenario(&url(&server, "nochannels"), "c")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{err:?}");
+        assert!(err.to_string().contains("redsem:{c}:c:"), "{flavor}: {err}");
+        println!("{flavor}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn the_rule_works_on_a_cluster_too() {
+    let flavor = flavors()[0];
+    let cluster = Cluster::start_with(
+        flavor,
+        ClusterOptions {
+            server: ServerOptions {
+                acl_users: vec![user_line("app", RULE)],
+                password: Some("admin".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let url = cluster
+        .url()
+        .replace("redis+cluster://", "redis+cluster://app:pw@");
+    let client = connect(&url).await.unwrap();
+    let sem = client.semaphore("acl-cluster", 1).open().await.unwrap();
+    let held = sem.acquire().await.unwrap();
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(held);
+    let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(p);
+    assert_eq!(client.list_semaphores().await.unwrap(), vec!["acl-cluster"]);
+}
+
+#[test]
+fn the_documentation_shows_exactly_this_rule() {
+    let root = test_support::workspace_root();
+    let line = format!("ACL SETUSER redsem-app on >CHANGE-ME {RULE}");
+    let docs: Vec<String> = ["docs/security.md", "README.md"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(root.join(p)).ok())
+        .collect();
+    assert!(
+        docs.iter().any(|d| d.contains(&line)),
+        "neither docs/security.md nor README.md shows the rule:\n{line}"
+    );
+}
