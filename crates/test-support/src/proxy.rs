@@ -31,6 +31,7 @@ struct Shared {
     refuse: AtomicBool,
     latency_us: AtomicU64,
     open: AtomicUsize,
+    attempts: AtomicU64,
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Conn>>,
 }
@@ -50,6 +51,7 @@ impl FaultProxy {
             refuse: AtomicBool::new(false),
             latency_us: AtomicU64::new(0),
             open: AtomicUsize::new(0),
+            attempts: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
         });
@@ -129,6 +131,12 @@ impl FaultProxy {
     pub fn connections(&self) -> usize {
         self.shared.open.load(Ordering::SeqCst)
     }
+
+    /// How many connections clients have opened so far, refused ones included (to see
+    /// whether a client reconnects, and how often).
+    pub fn attempts(&self) -> u64 {
+        self.shared.attempts.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -150,6 +158,7 @@ async fn accept_loop(listener: StdListener, shared: Arc<Shared>, mut stop: onesh
                 Err(_) => continue,
             },
         };
+        shared.attempts.fetch_add(1, Ordering::SeqCst);
         if shared.refuse.load(Ordering::SeqCst) {
             reset(&client);
             continue;

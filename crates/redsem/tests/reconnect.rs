@@ -1,0 +1,222 @@
+//! Reconnects, with a fault-injecting proxy between the client and Redis: dropped connections
+//! come back with backoff, waiters are re-checked right after the subscriber resubscribes, no
+//! waiter waits longer than the fallback interval for a grant whose notification was lost,
+//! and a holder's lease survives an outage shorter than the lease.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use redsem::{Client, LostReason};
+use test_support::FaultProxy;
+
+async fn client_at(url: &str) -> Client {
+    Client::builder(url)
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `client` (through the proxy) waits on `name` while `other` (direct) holds it.
+async fn waiting(
+    client: &Client,
+    other: &Client,
+    server: &Server,
+    name: &str,
+    fallback: Duration,
+) -> (redsem::Permit, tokio::task::JoinHandle<redsem::Permit>) {
+    // a long lease and renewal interval: waiters are renewed (and so polled) only every
+    // renewal interval, so prompt progress shows the notifier at work
+    let open = |c: &Client| {
+        c.semaphore(name, 1)
+            .lease(Duration::from_secs(20))
+            .renew_every(Duration::from_secs(8))
+            .fallback_poll(fallback)
+            .open()
+    };
+    let held = open(other).await.unwrap().acquire().await.unwrap();
+    let sem = open(client).await.unwrap();
+    let waiter = tokio::spawn(async move { sem.acquire().await.unwrap() });
+    assert!(eventually(Duration::from_secs(5), || card(server, name, "queue") == 1).await);
+    (held, waiter)
+}
+
+#[tokio::test]
+async fn severed_connections_come_back_and_waiters_are_rechecked_after_resubscribing() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let client = client_at(&proxy.url()).await;
+        let other = client_at(&server.url()).await;
+        let (held, waiter) =
+            waiting(&client, &other, &server, "sever", Duration::from_secs(30)).await;
+        assert_eq!(proxy.connections(), 2, "commands and subscriber");
+
+        // cut both connections and keep them down while the holder releases: the grant's
+        // notification is published while nobody listens
+        proxy.refuse_new(true);
+        proxy.sever_all();
+        held.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiter.is_finished());
+        let healed = Instant::now();
+        proxy.refuse_new(false);
+        let p = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter hung after the reconnect")
+            .unwrap();
+        let waited = healed.elapsed();
+        println!(
+            "{}: granted {waited:?} after the connections came back",
+            server.flavor()
+        );
+        // re-checked right after the resubscription, not at its next renewal (8 s)
+        assert!(
+            waited < Duration::from_secs(4),
+            "{}: {waited:?}",
+            server.flavor()
+        );
+        assert!(
+            eventually(Duration::from_secs(5), || proxy.connections() == 2).await,
+            "{}: {} connections",
+            server.flavor(),
+            proxy.connections()
+        );
+        // both connections work: a new acquire (commands), and a notified wake-up (subscriber)
+        let sem = client.semaphore("sever", 1).open().await.unwrap();
+        let w = tokio::spawn(async move { sem.acquire().await.unwrap() });
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "sever", "queue")
+                == 1)
+            .await
+        );
+        let released = Instant::now();
+        drop(p);
+        let p2 = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(released.elapsed() < Duration::from_secs(1));
+        drop(p2);
+    }
+}
+
+#[tokio::test]
+async fn reconnects_back_off_while_the_server_refuses() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let client = client_at(&proxy.url()).await;
+        let sem = client
+            .semaphore("backoff", 1)
+            .lease(Duration::from_secs(20))
+            .renew_every(Duration::from_millis(200))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        proxy.refuse_new(true);
+        let before = proxy.attempts();
+        proxy.sever_all();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let attempts = proxy.attempts() - before;
+        println!(
+            "{}: {attempts} connection attempts in 4 s of refusal",
+            server.flavor()
+        );
+        // it keeps trying, but with backoff: not a tight loop
+        assert!(attempts >= 2, "{}: {attempts}", server.flavor());
+        assert!(attempts <= 60, "{}: {attempts}", server.flavor());
+        proxy.refuse_new(false);
+        assert!(eventually(Duration::from_secs(10), || proxy.connections() == 2).await);
+        // the holder's lease (20 s) outlived the outage
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!held.is_lost(), "{}", server.flavor());
+        held.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn no_waiter_waits_longer_than_the_fallback_interval_for_a_lost_notification() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let client = client_at(&proxy.url()).await;
+        let other = client_at(&server.url()).await;
+        let fallback = Duration::from_millis(700);
+        let (held, waiter) = waiting(&client, &other, &server, "lost", fallback).await;
+        // the subscriber connection dies and cannot come back; the command connection lives
+        proxy.refuse_new(true);
+        assert!(
+            server
+                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .as_int()
+                .unwrap()
+                >= 1
+        );
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let p = tokio::time::timeout(fallback * 6, waiter)
+            .await
+            .expect("the waiter hung past its fallback interval")
+            .unwrap();
+        let waited = released.elapsed();
+        println!(
+            "{}: granted {waited:?} after the release, with no subscriber (fallback {fallback:?})",
+            server.flavor()
+        );
+        assert!(waited < fallback * 2, "{}: {waited:?}", server.flavor());
+        proxy.refuse_new(false);
+        drop(p);
+    }
+}
+
+#[tokio::test]
+async fn a_holder_survives_an_outage_shorter_than_its_lease_and_not_a_longer_one() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let client = client_at(&proxy.url()).await;
+        let lease = Duration::from_secs(3);
+        let sem = client
+            .semaphore("outage", 1)
+            .lease(lease)
+            .renew_every(Duration::from_millis(300))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let lost = held.lost();
+
+        // a stall (no disconnect notice) of half the lease
+        proxy.blackhole(true);
+        tokio::time::sleep(lease / 2).await;
+        proxy.blackhole(false);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!held.is_lost(), "{}: lost in a stall", server.flavor());
+        // the connections cut and refused for half the lease
+        proxy.refuse_new(true);
+        proxy.sever_all();
+        tokio::time::sleep(lease / 2).await;
+        proxy.refuse_new(false);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !held.is_lost(),
+            "{}: lost in a short outage",
+            server.flavor()
+        );
+        assert_eq!(card(&server, "outage", "slots"), 1);
+
+        // an outage longer than the lease: the holder is told before the lease could have
+        // expired in Redis (the margin), not after
+        proxy.blackhole(true);
+        let started = Instant::now();
+        let reason = tokio::time::timeout(lease * 3, lost)
+            .await
+            .expect("the holder was never told");
+        let after = started.elapsed();
+        assert_eq!(reason, LostReason::Unreachable, "{}", server.flavor());
+        assert!(after < lease, "{}: told after {after:?}", server.flavor());
+        proxy.blackhole(false);
+        drop(held);
+    }
+}
