@@ -108,12 +108,15 @@ pub struct Report {
     /// by class, in ms.
     pub worst_detection_ms: BTreeMap<String, f64>,
     /// Entries of killed workers reaped; worst time from the kill to the first snapshot
-    /// without the entry, when a live waiter was queued (ms).
+    /// without the entry, among those whose lease ran out while a live waiter was queued
+    /// and nothing (a DEBUG SLEEP, a fault delaying its last renewal) held it up (ms).
     pub dead_entries: usize,
     /// See `dead_entries`.
     pub worst_recovery_ms: f64,
     /// Recovery times of dead entries when live waiters were queued: 99th percentile (ms).
     pub p99_recovery_ms: f64,
+    /// How many dead entries those two figures are computed over.
+    pub recovery_samples: usize,
     /// Longest time a waiter took to learn of its grant, when not excused (ms).
     pub worst_grant_notice_ms: f64,
     /// Grants learned later than 50 ms after they were made (not excused): found by the
@@ -207,8 +210,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "dead entries reaped: {}   recovery after SIGKILL with waiters queued: worst {:.0} ms, p99 {:.0} ms",
-            self.dead_entries, self.worst_recovery_ms, self.p99_recovery_ms
+            "dead entries reaped: {}   recovery after SIGKILL with waiters queued ({} cases): worst {:.0} ms, p99 {:.0} ms",
+            self.dead_entries, self.recovery_samples, self.worst_recovery_ms, self.p99_recovery_ms
         );
         let _ = writeln!(
             s,
@@ -776,6 +779,9 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
     };
     let mut episodes: Vec<Option<FreeEpisode>> = (0..nsems).map(|_| None).collect();
     let mut recoveries: Vec<f64> = Vec::new();
+    // grants in Redis that no worker reported: id → (semaphore, first and last time seen held)
+    let mut unclaimed: HashMap<u32, (usize, i64, i64)> = HashMap::new();
+    let mut claimed: HashSet<u32> = HashSet::new();
 
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
@@ -785,6 +791,7 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             id_worker.push(logs.worker_of_id(id));
             if let Some(&i) = holder_op.get(id) {
                 op_iid[i] = Some(names.len() as u32 - 1);
+                claimed.insert(names.len() as u32 - 1);
             }
             continue;
         }
@@ -967,7 +974,8 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             }
             let from = deadline - t.lease - t.slack;
             let demand = live_waiter(logs, &mut excused, from);
-            if demand {
+            if demand && !valid(e) {
+                // its lease is over and a live waiter wants the slot: it should go now
                 d.demand = true;
             }
             if now >= deadline && demand && !overlaps(&global, from, now) && !d.reported {
@@ -989,6 +997,15 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             if d.sem == sem && d.gone_at.is_none() && !present_dead.contains(id) {
                 d.gone_at = Some(now);
             }
+        }
+
+        // grants nobody claims (yet)
+        for e in &holders {
+            if claimed.contains(&e.id) {
+                continue;
+            }
+            let u = unclaimed.entry(e.id).or_insert((sem, now, now));
+            u.2 = now;
         }
 
         // property 6, first half: the head of the queue fits in free permits
@@ -1023,6 +1040,33 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             close_episode(logs, &e, &name, &id_worker, &names, &mut excused, r);
         }
     }
+    // a grant held in Redis for longer than the fallback interval by a live process that
+    // never reported it: the waiter never learned it was granted
+    for (id, (sem, first, last)) in unclaimed {
+        if claimed.contains(&id) || last - first <= t.fallback + t.slack {
+            continue;
+        }
+        let Some(w) = id_worker.get(id as usize).copied().flatten() else {
+            continue;
+        };
+        let alive = logs
+            .workers
+            .get(&w)
+            .is_some_and(|wk| wk.alive(first) && wk.alive(last));
+        if alive && !excused(logs, w, first - t.fallback, last) {
+            r.violation(
+                "wait-while-free",
+                format!(
+                    "{}: {} (worker {w}) was granted in Redis and held from {} to {} ({:.0} ms) but the worker never learned it",
+                    logs.cfg.sems[sem].name,
+                    names[id as usize],
+                    ms_fmt(first),
+                    ms_fmt(last),
+                    ms(last - first)
+                ),
+            );
+        }
+    }
     for d in dead.values() {
         r.dead_entries += 1;
         let gone = d.gone_at.unwrap_or(d.last_seen + t.snapshot);
@@ -1047,6 +1091,7 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
         }
     }
     recoveries.sort_by(f64::total_cmp);
+    r.recovery_samples = recoveries.len();
     if let Some(&w) = recoveries.last() {
         r.worst_recovery_ms = w;
         r.p99_recovery_ms = recoveries[(recoveries.len() * 99 / 100).min(recoveries.len() - 1)];
