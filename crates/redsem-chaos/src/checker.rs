@@ -361,6 +361,8 @@ struct Logs {
     final_state: Option<FinalState>,
     /// (slot, from, to, worker): who occupied each slot when
     occupancy: Vec<(usize, i64, i64, u32)>,
+    /// worker → windows during which its command connection was faulted
+    cmd_windows: HashMap<u32, Vec<(i64, i64)>>,
 }
 
 fn num<T: std::str::FromStr>(s: Option<&&str>) -> Option<T> {
@@ -521,6 +523,7 @@ impl Logs {
             client_worker: HashMap::new(),
             final_state: None,
             occupancy: Vec::new(),
+            cmd_windows: HashMap::new(),
         };
         let runner =
             std::fs::read_to_string(dir.join("runner.log")).context("reading runner.log")?;
@@ -552,6 +555,7 @@ impl Logs {
         for (&id, w) in &logs.workers {
             logs.occupancy.push((w.slot, w.spawn, w.death(), id));
         }
+        logs.compute_cmd_windows();
         for o in &mut logs.ops {
             o.epoch = logs.holds.get(&o.name).copied().flatten();
         }
@@ -574,7 +578,14 @@ impl Logs {
     /// Windows during which `worker`'s command connection was faulted (plus the time the
     /// connection manager may take to reconnect).
     fn cmd_faults(&self, worker: u32) -> Vec<(i64, i64)> {
-        let mut out = Vec::new();
+        self.cmd_windows.get(&worker).cloned().unwrap_or_default()
+    }
+
+    fn compute_cmd_windows(&mut self) {
+        let mut by_slot: HashMap<usize, Vec<(i64, i64, u32)>> = HashMap::new();
+        for &(slot, from, to, w) in &self.occupancy {
+            by_slot.entry(slot).or_default().push((from, to, w));
+        }
         for f in &self.faults {
             let Some(slot) = f.slot else { continue };
             let after = match f.kind {
@@ -583,15 +594,12 @@ impl Logs {
                 _ => continue,
             };
             let (a, b) = (f.t0, f.t1 + after);
-            if self
-                .occupancy
-                .iter()
-                .any(|&(s, from, to, w)| s == slot && w == worker && from <= b && to >= a)
-            {
-                out.push((a, b));
+            for &(from, to, w) in by_slot.get(&slot).into_iter().flatten() {
+                if from <= b && to >= a {
+                    self.cmd_windows.entry(w).or_default().push((a, b));
+                }
             }
         }
-        out
     }
 
     /// Windows during which Redis did not answer anyone (DEBUG SLEEP, restarts, and the
