@@ -246,8 +246,9 @@ class Semaphore:
                 self._poke.set()
             sent = time.monotonic()
             try:
-                reply = self._call("acquire", id, n, self.lease_ms, self.lease_ms, self.suffix,
-                                   self.client.label, "try" if try_only else "wait")
+                # acquire.lua takes a batch: the count, then 7 values per request
+                reply = self._call("acquire", 1, id, n, self.lease_ms, self.lease_ms, self.suffix,
+                                   self.client.label, "try" if try_only else "wait")[0]
             except BaseException:
                 self._give_up(id)
                 raise

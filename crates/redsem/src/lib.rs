@@ -82,6 +82,7 @@
 
 mod admin;
 mod backend;
+mod batch;
 mod client;
 mod driver;
 mod error;

@@ -11,13 +11,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::batch;
 use crate::client::{Client, ClientInner};
 use crate::driver::Msg;
 use crate::error::Error;
 use crate::heartbeat;
 use crate::keys::Keys;
 use crate::permit::{LeaseState, Permit};
-use crate::scripts::{self, AcquireArgs, AcquireReply, Grant, Notice, Target};
+use crate::scripts::{self, AcquireReply, Grant, Notice, Target};
 use crate::stats::Stats;
 
 /// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
@@ -191,8 +192,20 @@ impl SemaphoreBuilder {
             limit: AtomicU32::new(self.limit),
             publish: inner.publish,
         });
+        let batch = batch::spawn(
+            core.clone(),
+            inner.conn.clone(),
+            inner.driver.clone(),
+            batch::Fixed {
+                lease_ms: settings.lease.as_millis() as u64,
+                wait_lease_ms: settings.lease.as_millis() as u64,
+                channel_suffix: channel_suffix.clone(),
+                label: settings.label.clone(),
+            },
+        );
         let shared = Arc::new(SemShared {
             client: inner.clone(),
+            batch,
             core,
             settings,
             channel_suffix,
@@ -305,6 +318,8 @@ impl Local {
 
 pub(crate) struct SemShared {
     pub(crate) client: Arc<ClientInner>,
+    /// Acquisitions go through the batching task (see batch.rs).
+    batch: tokio::sync::mpsc::UnboundedSender<batch::Request>,
     pub(crate) core: Arc<Core>,
     pub(crate) settings: Settings,
     pub(crate) channel_suffix: String,
@@ -431,8 +446,13 @@ impl SemShared {
         let started = Instant::now();
         let result = async {
             let permit = self.acquire_untraced(n, try_only, deadline).await?;
-            // synced mode: the grant must be on enough replicas (a no-op otherwise)
-            self.confirm_synced(permit).await
+            // synced mode: the grant must be on enough replicas. Boxed, so that the common
+            // case does not carry its state in every (waiting) acquire future.
+            if self.client.synced.is_some() {
+                Box::pin(self.confirm_synced(permit)).await
+            } else {
+                Ok(permit)
+            }
         }
         .instrument(span.clone())
         .await;
@@ -499,22 +519,23 @@ impl SemShared {
         loop {
             let mut pending = Pending::new(self, try_only);
             tracing::Span::current().record("holder", pending.id.as_str());
-            let mut conn = self.client.conn.clone();
-            let args = AcquireArgs {
-                id: &pending.id,
+            let (tx, rx) = oneshot::channel();
+            let request = batch::Request {
+                id: pending.id.clone(),
                 n,
-                lease_ms: self.settings.lease.as_millis() as u64,
-                wait_lease_ms: self.settings.lease.as_millis() as u64,
-                client_channel: &self.channel_suffix,
-                label: &self.settings.label,
                 try_only,
+                reply: tx,
             };
-            let target = self.core.target();
+            // before the request can reach Redis: the lease of a try-mode grant starts later
             let sent = Instant::now();
+            if self.batch.send(request).is_err() {
+                return Err(Error::Closed);
+            }
             let reply = tokio::select! {
-                r = scripts::acquire(&mut conn, &target, &args) => {
-                    r.map_err(|e| Error::from_redis(e, self.name()))?
-                }
+                r = rx => match r {
+                    Ok(r) => r.map_err(|e| Error::from_redis(e, self.name()))?,
+                    Err(_) => return Err(Error::Closed),
+                },
                 _ = self.closed.cancelled() => return Err(Error::Closed),
                 _ = sleep_until_opt(deadline.map(|d| d.0)) => return Err(timeout_err()),
             };

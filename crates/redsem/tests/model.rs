@@ -22,10 +22,9 @@ fn script(body: &str) -> redis::Script {
 
 #[derive(Clone, Debug)]
 enum Op {
+    /// A batch of 1 to 3 acquisitions `(n, try_only, client)` in one script call.
     Acquire {
-        n: u32,
-        try_only: bool,
-        client: usize,
+        reqs: Vec<(u32, bool, usize)>,
     },
     /// Release a holder or cancel a waiter (same script).
     Release {
@@ -45,7 +44,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (1u32..=4, any::<bool>(), 0usize..2).prop_map(|(n, try_only, client)| Op::Acquire { n, try_only, client }),
+        4 => proptest::collection::vec((1u32..=4, any::<bool>(), 0usize..2), 1..=3).prop_map(|reqs| Op::Acquire { reqs }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Expire { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
@@ -78,6 +77,7 @@ enum Reply {
     },
     Removed(u64),
     States(Vec<i64>),
+    Batch(Vec<Reply>),
     Limit(u32),
 }
 
@@ -348,32 +348,52 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
             .cloned()
             .collect();
         let (want, got) = match op {
-            Op::Acquire {
-                n,
-                try_only,
-                client,
-            } => {
-                let id = format!("c{client}-{next_id}");
-                next_id += 1;
-                ids.push(id.clone());
-                let got = parse_acquire(&real.call(
-                    &real.acquire.clone(),
-                    &[
-                        id.clone(),
+            Op::Acquire { reqs } => {
+                let mut args = vec![reqs.len().to_string()];
+                let mut batch_ids = vec![];
+                for (n, try_only, client) in reqs {
+                    let id = format!("c{client}-{next_id}");
+                    next_id += 1;
+                    ids.push(id.clone());
+                    batch_ids.push(id.clone());
+                    args.extend([
+                        id,
                         n.to_string(),
                         "60000".into(),
                         "60000".into(),
                         format!("c{client}"),
                         "label".into(),
                         if *try_only { "try" } else { "wait" }.into(),
-                    ],
-                ));
+                    ]);
+                }
+                let Value::Array(replies) = real.call(&real.acquire.clone(), &args) else {
+                    panic!("acquire reply is not an array")
+                };
+                let got = Reply::Batch(replies.iter().map(parse_acquire).collect());
+                // one settle for the call, then each request in order
                 model.settle();
-                let want = if *n > model.limit {
-                    Reply::TooMany { limit: model.limit }
-                } else if *try_only {
-                    if !model.queue.is_empty() || model.used() + n > model.limit {
-                        Reply::NoCapacity
+                let mut want = vec![];
+                for ((n, try_only, client), id) in reqs.iter().zip(batch_ids) {
+                    want.push(if *n > model.limit {
+                        Reply::TooMany { limit: model.limit }
+                    } else if *try_only {
+                        if !model.queue.is_empty() || model.used() + n > model.limit {
+                            Reply::NoCapacity
+                        } else {
+                            model.seq += 1;
+                            model.entries.insert(
+                                id.clone(),
+                                Entry {
+                                    n: *n,
+                                    client: *client,
+                                    ticket: model.seq,
+                                    slots: vec![],
+                                    fences: vec![],
+                                },
+                            );
+                            model.grant(&id);
+                            model.reply_of(&id)
+                        }
                     } else {
                         model.seq += 1;
                         model.entries.insert(
@@ -386,31 +406,17 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                                 fences: vec![],
                             },
                         );
-                        model.grant(&id);
-                        model.reply_of(&id)
-                    }
-                } else {
-                    model.seq += 1;
-                    model.entries.insert(
-                        id.clone(),
-                        Entry {
-                            n: *n,
-                            client: *client,
-                            ticket: model.seq,
-                            slots: vec![],
-                            fences: vec![],
-                        },
-                    );
-                    model.queue.push(id.clone());
-                    let out = model.pump();
-                    model.publish(&out, Some(&id));
-                    if out.iter().any(|(g, ok)| g == &id && *ok) {
-                        model.reply_of(&id)
-                    } else {
-                        Reply::Queued { ticket: model.seq }
-                    }
-                };
-                (want, got)
+                        model.queue.push(id.clone());
+                        let out = model.pump();
+                        model.publish(&out, Some(&id));
+                        if out.iter().any(|(g, ok)| g == &id && *ok) {
+                            model.reply_of(&id)
+                        } else {
+                            Reply::Queued { ticket: model.seq }
+                        }
+                    });
+                }
+                (Reply::Batch(want), got)
             }
             Op::Release { pick } => {
                 let id = live

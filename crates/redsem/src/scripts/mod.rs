@@ -229,34 +229,47 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) try_only: bool,
 }
 
+/// Runs a batch of acquisitions in one script call, in order; one reply per request.
 pub(crate) async fn acquire(
     conn: &mut Conn,
     t: &Target<'_>,
-    a: &AcquireArgs<'_>,
-) -> redis::RedisResult<AcquireReply> {
+    batch: &[AcquireArgs<'_>],
+) -> redis::RedisResult<Vec<AcquireReply>> {
     let v = invoke(conn, &ACQUIRE, t, |inv| {
-        inv.arg(a.id)
-            .arg(a.n)
-            .arg(a.lease_ms)
-            .arg(a.wait_lease_ms)
-            .arg(a.client_channel)
-            .arg(a.label)
-            .arg(if a.try_only { "try" } else { "wait" });
+        inv.arg(batch.len());
+        for a in batch {
+            inv.arg(a.id)
+                .arg(a.n)
+                .arg(a.lease_ms)
+                .arg(a.wait_lease_ms)
+                .arg(a.client_channel)
+                .arg(a.label)
+                .arg(if a.try_only { "try" } else { "wait" });
+        }
     })
     .await?;
-    let items = array(&v)?;
-    Ok(match int(items.first())? {
-        1 => AcquireReply::Granted(grant(items)?),
-        0 => AcquireReply::Queued {
-            ticket: int(items.get(1))? as u64,
-            next_expiry_ms: expiry(int(items.get(2))?),
-        },
-        -1 => AcquireReply::NoCapacity,
-        -2 => AcquireReply::TooMany {
-            limit: int(items.get(1))? as u32,
-        },
-        _ => return Err(unexpected(&v)),
-    })
+    let replies = array(&v)?
+        .iter()
+        .map(|r| {
+            let items = array(r)?;
+            Ok(match int(items.first())? {
+                1 => AcquireReply::Granted(grant(items)?),
+                0 => AcquireReply::Queued {
+                    ticket: int(items.get(1))? as u64,
+                    next_expiry_ms: expiry(int(items.get(2))?),
+                },
+                -1 => AcquireReply::NoCapacity,
+                -2 => AcquireReply::TooMany {
+                    limit: int(items.get(1))? as u32,
+                },
+                _ => return Err(unexpected(r)),
+            })
+        })
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    if replies.len() != batch.len() {
+        return Err(unexpected(&v));
+    }
+    Ok(replies)
 }
 
 /// One entry's state in a renewal reply.
