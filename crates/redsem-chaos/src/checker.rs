@@ -1179,7 +1179,11 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         // unseen (between two snapshots) while its process did not run?
         let died = w.killed_at.is_some_and(|k| k <= end);
         let halted = overlaps(&logs.halts(o.worker), s_valid - t.lease, end);
-        let maybe_gone = o.lost.is_some() || died || halted;
+        let data_lost = logs
+            .restarts
+            .iter()
+            .any(|rs| rs.start >= s_valid && rs.start <= end);
+        let maybe_gone = o.lost.is_some() || died || halted || data_lost;
         let s_star = match first_bad {
             Some(k) if o.obs[k].0 <= end => o.obs[k].0,
             _ => {

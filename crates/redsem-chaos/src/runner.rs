@@ -246,9 +246,10 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
 
 fn signal(pid: u32, sig: libc::c_int) {
     if pid > 0 {
-        // SAFETY: kill(2) on the pid of a child that has not been reaped yet (its
-        // supervisor removes it from the slot table before it is reaped... or right after:
-        // the pid cannot be reused before the parent reaps it).
+        // SAFETY: kill(2) has no memory-safety preconditions. The pid is a worker of ours,
+        // taken from the slot table, which its supervisor clears right after reaping it: in
+        // that instant the pid could only reach another process if Linux recycled it at
+        // once, which its sequential allocation (up to pid_max) does not do.
         unsafe { libc::kill(pid as libc::pid_t, sig) };
     }
 }

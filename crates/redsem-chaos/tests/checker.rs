@@ -1,0 +1,174 @@
+//! The checker on hand-written logs: an overlap of two holders of one slot is a violation,
+//! unless the first one's process was paused past its lease (and it gave up in time).
+
+use std::path::Path;
+
+use redsem_chaos::checker;
+use redsem_chaos::config::{Config, FaultKind};
+use redsem_chaos::runner::FinalState;
+
+const T0: i64 = 1_800_000_000_000_000; // µs
+const MS: i64 = 1000;
+
+fn config() -> Config {
+    Config {
+        seed: 1,
+        seconds: 1,
+        workers: 2,
+        tasks: 1,
+        lease_ms: 500,
+        renew_ms: 125,
+        fallback_ms: 250,
+        slack_ms: 50,
+        snapshot_ms: 40,
+        fault_gap_ms: (100, 500),
+        faults: FaultKind::ALL.to_vec(),
+        sems: Config::default_sems(),
+        flavor: "redis".into(),
+        stall_ms: 20,
+    }
+}
+
+/// Worker 0 holds slot 0 of `chaos-mutex` (generation 1) from 1000 ms; worker 1 is granted
+/// the same slot (generation 2) at 2000 ms. `paused`: worker 0 was SIGSTOPped from 1100 to
+/// 2600 ms, its lease expired in Redis, and it learned it at 2601 ms.
+fn write_run(dir: &Path, paused: bool) {
+    let t = |ms: i64| T0 + ms * MS;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&config()).unwrap(),
+    )
+    .unwrap();
+    let mut runner = vec![
+        format!("phase {} start", t(0)),
+        format!("spawn {} 0 0 100", t(0)),
+        format!("spawn {} 1 1 101", t(0)),
+        format!("hold {} 0 0.0.1 0 0", t(1000)),
+        format!("write {} 0 0.0.1 0 0 0 1 {} A", t(1000), t(1000)),
+        format!("hold {} 1 1.0.1 0 0", t(2000)),
+        format!("write {} 1 1.0.1 0 0 0 2 {} A", t(2000), t(2000)),
+    ];
+    if paused {
+        runner.push(format!(
+            "fault {} {} pause-long 0 0 ms=1500",
+            t(1100),
+            t(2600)
+        ));
+        runner.push(format!("write {} 0 0.0.1 0 0 0 1 {} R", t(2600), t(2600)));
+    }
+    runner.push(format!("exit {} 0 ok", t(4000)));
+    runner.push(format!("exit {} 1 ok", t(4000)));
+    std::fs::write(dir.join("runner.log"), runner.join("\n") + "\n").unwrap();
+
+    let end0 = if paused { 2601 } else { 3000 };
+    let mut w0 = vec![
+        format!("start {} 100 aaaa", t(0)),
+        format!("begin {} 0.0.1 0 1 2000 wait run", t(990)),
+        format!("acq {} 0.0.1 aaaa.0-x 1 0:1", t(1000)),
+    ];
+    if paused {
+        w0.push(format!("stall {} {}", t(1100), t(2600)));
+        w0.push(format!("cancel {} 0.0.1", t(end0)));
+        w0.push(format!("lost {} 0.0.1 Unreachable", t(end0)));
+    } else {
+        w0.push(format!("done {} 0.0.1 ok", t(end0)));
+    }
+    w0.push(format!("stop {}", t(3900)));
+    std::fs::write(dir.join("w0.log"), w0.join("\n") + "\n").unwrap();
+    let w1 = [
+        format!("start {} 101 bbbb", t(0)),
+        format!("begin {} 1.0.1 0 1 500 wait run", t(1500)),
+        format!("acq {} 1.0.1 bbbb.0-y 2 0:2", t(2000)),
+        format!("done {} 1.0.1 ok", t(2500)),
+        format!("stop {}", t(3900)),
+    ];
+    std::fs::write(dir.join("w1.log"), w1.join("\n") + "\n").unwrap();
+
+    // Redis: worker 0's entry until 1600 ms (paused: its lease ran out), worker 1's from 2000
+    let mut snaps = vec!["I 0 aaaa.0-x".to_owned(), "I 1 bbbb.0-y".to_owned()];
+    for ms in (1040..3000).step_by(40) {
+        let now = t(ms);
+        let mut entries = Vec::new();
+        let mut slots = Vec::new();
+        let w0_valid = if paused { ms < 1600 } else { ms < 3000 };
+        if w0_valid {
+            entries.push(format!("0:{}:-1:1:{}:1:0", (now / MS) + 400, t(1000) / MS));
+            slots.push("0=0".to_owned());
+        }
+        if (2000..2500).contains(&ms) {
+            entries.push(format!("1:{}:-1:1:{}:2:0", (now / MS) + 400, t(2000) / MS));
+            slots.push("0=1".to_owned());
+        }
+        let join = |v: Vec<String>| {
+            if v.is_empty() {
+                "-".to_owned()
+            } else {
+                v.join(";")
+            }
+        };
+        snaps.push(format!(
+            "S {now} {now} {now} 0 1 {} {}",
+            join(entries),
+            join(slots)
+        ));
+    }
+    std::fs::write(dir.join("snapshots.log"), snaps.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.join("final.json"),
+        serde_json::to_vec(&FinalState::default()).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn two_holders_of_one_slot_without_a_fault_are_violations() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), false);
+    let r = checker::check(dir.path()).unwrap();
+    let counts = &r.violation_counts;
+    assert!(
+        counts.get("limit-in-redis").is_some_and(|&n| n > 0),
+        "{}",
+        r.text()
+    );
+    assert!(
+        counts.get("limit-believed").is_some_and(|&n| n > 0),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn an_overlap_after_a_pause_past_the_lease_is_explained_and_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), true);
+    let r = checker::check(dir.path()).unwrap();
+    assert_eq!(r.total_violations(), 0, "{}", r.text());
+    assert_eq!(r.overlaps.get("pause"), Some(&1), "{}", r.text());
+    assert_eq!(r.stale_beliefs.get("pause"), Some(&1), "{}", r.text());
+    assert_eq!(r.stale_writes, [1, 0], "{}", r.text());
+}
+
+#[test]
+fn a_stale_holder_that_gives_up_late_is_a_violation() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), true);
+    // it learns 400 ms after resuming: more than one renewal interval + slack
+    let w0 = std::fs::read_to_string(dir.path().join("w0.log")).unwrap();
+    let late = T0 + 3000 * MS;
+    let w0 = w0
+        .replace(
+            &format!("cancel {}", T0 + 2601 * MS),
+            &format!("cancel {late}"),
+        )
+        .replace(&format!("lost {}", T0 + 2601 * MS), &format!("lost {late}"));
+    std::fs::write(dir.path().join("w0.log"), w0).unwrap();
+    let r = checker::check(dir.path()).unwrap();
+    assert!(
+        r.violation_counts
+            .get("stale-belief")
+            .is_some_and(|&n| n > 0),
+        "{}",
+        r.text()
+    );
+}
