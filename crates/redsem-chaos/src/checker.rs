@@ -26,7 +26,8 @@
 //!    `s* − lease` and `s*`, or Redis lost its data after the grant. And it must stop
 //!    believing — the guarded work cancelled — within one renewal interval (+ slack) of the
 //!    first moment it could learn: `max(s*, end of the pause)`, or after a data loss
-//!    `max(Redis answering again, restart + lease)`. Unexplained, `slack` is tolerated.
+//!    `max(Redis answering again, restart + lease − renewal interval)` (its client may still
+//!    be reconnecting; its local deadline then ends it). Unexplained, `slack` is tolerated.
 //! 4. `fencing`: the resource's decisions replay (per slot, the highest `(epoch, generation)`
 //!    wins); no two grants share `(semaphore, epoch, slot, generation)`; generations of a slot
 //!    increase in grant order; every write a stale holder made after a newer holder's first
@@ -42,7 +43,8 @@
 //!    are free: the next script run grants them); and a waiter learns of its grant within
 //!    the fallback interval (+ slack) of the grant in Redis, unless its process was paused,
 //!    stalled, or its command connection faulted meanwhile — lost notifications (pub/sub cut,
-//!    black-holed or killed) are not an excuse: the fallback poll must find the grant.
+//!    black-holed or killed) are not an excuse: the fallback poll must find the grant; and no
+//!    grant stays held in Redis longer than that by a live process that never reports it.
 //! 7. `run-cancel`: every `Permit::run` whose permit was lost had its work dropped at once
 //!    (and, by property 3, within one renewal interval of the loss).
 //! 8. `cleanup`: once every worker has exited, every entry left in Redis has a lease (no
