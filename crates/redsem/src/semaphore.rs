@@ -270,6 +270,9 @@ struct Waiter {
     /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
     /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
     renewed_at: Instant,
+    /// Redis confirmed the ticket (the acquire call returned "queued"). Until then the
+    /// heartbeat leaves it out: a renewal that overtook the acquire would find it missing.
+    queued: bool,
     /// Counts this waiter in `redsem_local_waiters` while it lives (feature `metrics`).
     _gauge: crate::metrics::WaiterGauge,
 }
@@ -302,8 +305,13 @@ impl Default for Local {
 }
 
 impl Local {
+    /// The waiters whose ticket Redis confirmed (only those can be renewed).
     pub(crate) fn waiter_ids(&self) -> Vec<String> {
-        self.waiters.keys().cloned().collect()
+        self.waiters
+            .iter()
+            .filter(|(_, w)| w.queued)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
     /// Records a confirmed renewal of a waiter's lease, sent at `sent`.
     pub(crate) fn waiter_renewed(&mut self, id: &str, sent: Instant) {
@@ -558,6 +566,9 @@ impl SemShared {
                 } => {
                     tracing::Span::current().record("ticket", ticket);
                     tracing::debug!(ticket, "waiting in the queue");
+                    if let Some(w) = self.state.lock().unwrap().waiters.get_mut(&pending.id) {
+                        w.queued = true;
+                    }
                     self.schedule_check(next_expiry_ms)
                 }
                 AcquireReply::NoCapacity => {
@@ -640,6 +651,7 @@ impl<'a> Pending<'a> {
                 Waiter {
                     tx,
                     renewed_at: Instant::now(),
+                    queued: false,
                     _gauge: crate::metrics::WaiterGauge::new(shared.name()),
                 },
             );
