@@ -143,3 +143,27 @@ async fn tls_options_are_checked_before_connecting() {
         println!("{err}");
     }
 }
+
+#[tokio::test]
+async fn a_cluster_over_tls() {
+    let certs = std::sync::Arc::new(TlsCerts::generate());
+    let cluster = test_support::Cluster::start_with(
+        Flavor::Redis,
+        test_support::ClusterOptions {
+            tls: Some(certs.clone()),
+            ..Default::default()
+        },
+    );
+    let client = builder(&cluster.tls_url())
+        .tls_ca(&certs.ca)
+        .tls_cert(&certs.client_cert)
+        .tls_key(&certs.client_key)
+        .build()
+        .await
+        .unwrap();
+    // semaphores on every shard, woken through sharded pub/sub over TLS
+    for name in ["tls-a", "tls-b", "tls-c", "tls-d"] {
+        exercise(&client, name).await;
+    }
+    assert_eq!(client.list_semaphores().await.unwrap().len(), 4);
+}

@@ -16,9 +16,11 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use crate::resp::Reply;
-use crate::server::tail;
-use crate::{Flavor, Server, ServerOptions};
+use crate::server::{tail, wait_timeout};
+use crate::{Flavor, PortLease, Server, ServerOptions, TlsCerts, reserve_port};
 
 const FORM_TIMEOUT: Duration = Duration::from_secs(60);
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,6 +37,10 @@ pub struct ClusterOptions {
     pub node_timeout_ms: u64,
     /// Options of every node (ACL users, password, extra arguments).
     pub server: ServerOptions,
+    /// TLS: every node also listens for TLS (client certificates required), and the nodes
+    /// talk to each other over TLS (`tls-cluster`, `tls-replication`). The plain ports stay
+    /// open for the test's own checks; [`Cluster::tls_url`] names the TLS ports.
+    pub tls: Option<Arc<TlsCerts>>,
 }
 
 impl Default for ClusterOptions {
@@ -44,6 +50,7 @@ impl Default for ClusterOptions {
             replicas_per_master: 1,
             node_timeout_ms: 2000,
             server: ServerOptions::default(),
+            tls: None,
         }
     }
 }
@@ -68,6 +75,8 @@ pub struct Cluster {
     nodes: Vec<Server>,
     killed: Vec<bool>,
     opts: ClusterOptions,
+    tls_ports: Vec<PortLease>,
+    _bus_ports: Vec<PortLease>,
 }
 
 impl Cluster {
@@ -105,14 +114,34 @@ impl Cluster {
                 .extra_args
                 .extend(["--masterauth".to_owned(), pw.clone()]);
         }
+        let mut tls_ports = Vec::new();
+        let mut bus_ports = Vec::new();
         let nodes: Vec<Server> = (0..total)
-            .map(|_| Server::start_with(flavor, server_opts.clone()))
+            .map(|_| {
+                let mut o = server_opts.clone();
+                // the bus port defaults to port + 10000, which may be taken or above 65535
+                let bus = reserve_port();
+                o.extra_args
+                    .extend(["--cluster-port".to_owned(), bus.port.to_string()]);
+                bus_ports.push(bus);
+                if let Some(certs) = &opts.tls {
+                    let lease = reserve_port();
+                    o.extra_args.extend(certs.server_args(lease.port, true));
+                    o.extra_args.extend(
+                        ["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from),
+                    );
+                    tls_ports.push(lease);
+                }
+                Server::start_with(flavor, o)
+            })
             .collect();
         let cluster = Cluster {
             flavor,
             killed: vec![false; nodes.len()],
             nodes,
             opts,
+            tls_ports,
+            _bus_ports: bus_ports,
         };
         cluster.create();
         cluster.wait_healthy();
@@ -133,15 +162,32 @@ impl Cluster {
         if let Some(pw) = &self.opts.server.password {
             cmd.args(["-a", pw, "--no-auth-warning"]);
         }
-        let out = cmd
-            .output()
+        // redis-cli waits forever for nodes that cannot meet: bound it
+        let log = self.nodes[0].dir().join("cluster-create.log");
+        let file = std::fs::File::create(&log).expect("cannot create cluster-create.log");
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        let mut child = cmd
+            .spawn()
             .unwrap_or_else(|e| panic!("cannot run redis-cli --cluster create: {e}"));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
+        let finished = wait_timeout(&mut child, FORM_TIMEOUT);
+        if !finished {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let status = child.wait().ok();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
         assert!(
-            out.status.success() && text.contains("All 16384 slots covered"),
+            finished
+                && status.is_some_and(|s| s.success())
+                && text.contains("All 16384 slots covered"),
             "redis-cli --cluster create failed ({}):\n{}",
-            out.status,
+            if finished {
+                format!("{status:?}")
+            } else {
+                format!("no result within {FORM_TIMEOUT:?}")
+            },
             tail(&text, 40)
         );
     }
@@ -173,9 +219,27 @@ impl Cluster {
         format!("redis+cluster://{}", seeds.join(","))
     }
 
-    /// The index of the node with this port.
+    /// `rediss+cluster://127.0.0.1:T1,...` with every node's TLS port (a cluster started with
+    /// [`ClusterOptions::tls`]).
+    pub fn tls_url(&self) -> String {
+        assert!(
+            !self.tls_ports.is_empty(),
+            "this cluster was started without TLS"
+        );
+        let seeds: Vec<String> = self
+            .tls_ports
+            .iter()
+            .map(|l| format!("127.0.0.1:{}", l.port))
+            .collect();
+        format!("rediss+cluster://{}", seeds.join(","))
+    }
+
+    /// The index of the node with this port (plain or TLS).
     pub fn index_of_port(&self, port: u16) -> Option<usize> {
-        self.nodes.iter().position(|n| n.port() == port)
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .or_else(|| self.tls_ports.iter().position(|l| l.port == port))
     }
 
     /// The hash slot of `key` (`CLUSTER KEYSLOT`).

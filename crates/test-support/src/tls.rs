@@ -23,11 +23,13 @@ use rcgen::{
 use crate::{Flavor, PortLease, Server, ServerOptions, reserve_port};
 
 /// PEM files of a throwaway PKI, removed on drop.
+#[derive(Debug)]
 pub struct TlsCerts {
     dir: tempfile::TempDir,
     /// The CA that signed the server and client certificates.
     pub ca: PathBuf,
-    /// Server certificate (SAN `127.0.0.1`, `localhost`) and key.
+    /// Server certificate (SAN `127.0.0.1`, `localhost`; also good as a client certificate,
+    /// for nodes that talk TLS to each other) and key.
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
     /// Client certificate (CN `redsem-test-client`) and key, signed by `ca`.
@@ -63,7 +65,7 @@ fn ca(name: &str) -> Ca {
 }
 
 /// A leaf certificate signed by `ca`: (cert PEM, key PEM).
-fn leaf(ca: &Ca, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
+fn leaf(ca: &Ca, cn: &str, sans: &[&str], usage: &[ExtendedKeyUsagePurpose]) -> (String, String) {
     let key = KeyPair::generate().expect("rcgen: key");
     let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .expect("rcgen: params");
@@ -72,7 +74,7 @@ fn leaf(ca: &Ca, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> (St
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usage.to_vec();
     let cert = params.signed_by(&key, &ca.issuer).expect("rcgen: sign");
     (cert.pem(), key.serialize_pem())
 }
@@ -94,16 +96,24 @@ impl TlsCerts {
             &main,
             "redsem-test-server",
             &["127.0.0.1", "localhost"],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // a node is also a client of the others (tls-cluster, tls-replication)
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         );
         let (client_cert, client_key) = leaf(
             &main,
             "redsem-test-client",
             &[],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[ExtendedKeyUsagePurpose::ClientAuth],
         );
-        let (other_cert, other_key) =
-            leaf(&other, "intruder", &[], ExtendedKeyUsagePurpose::ClientAuth);
+        let (other_cert, other_key) = leaf(
+            &other,
+            "intruder",
+            &[],
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+        );
         TlsCerts {
             ca: write("ca.pem", &main.cert_pem),
             server_cert: write("server.pem", &server_cert),
