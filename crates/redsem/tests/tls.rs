@@ -167,3 +167,46 @@ async fn a_cluster_over_tls() {
     }
     assert_eq!(client.list_semaphores().await.unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn sentinel_over_tls_follows_a_failover() {
+    let certs = std::sync::Arc::new(TlsCerts::generate());
+    let set = test_support::Sentinels::start_with(
+        Flavor::Redis,
+        test_support::SentinelOptions {
+            tls: Some(certs.clone()),
+            ..Default::default()
+        },
+    );
+    let client = builder(&set.tls_url())
+        .tls_ca(&certs.ca)
+        .tls_cert(&certs.client_cert)
+        .tls_key(&certs.client_key)
+        .build()
+        .await
+        .unwrap();
+    exercise(&client, "tls-sentinel").await;
+    let old = set.master();
+    let new = set.failover();
+    assert_ne!(old, new);
+    // the client follows the new master (over TLS), commands and notifications alike
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), exercise_once(&client)).await {
+            Ok(Ok(())) => break,
+            other => assert!(Instant::now() < deadline, "{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        set.data(new)
+            .cmd(&["HGET", "redsem:{tls-sentinel}:cfg", "limit"])
+            .as_str(),
+        Some("1")
+    );
+}
+
+async fn exercise_once(client: &Client) -> Result<(), Error> {
+    let sem = client.semaphore("tls-sentinel", 1).open().await?;
+    sem.acquire().await?.release().await
+}

@@ -16,12 +16,13 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::resp::{Conn, Reply};
 use crate::server::{spawn, tail};
-use crate::{Flavor, PortLease, Server, ServerOptions, reserve_port, server_binary};
+use crate::{Flavor, PortLease, Server, ServerOptions, TlsCerts, reserve_port, server_binary};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(40);
@@ -41,6 +42,10 @@ pub struct SentinelOptions {
     pub failover_timeout_ms: u64,
     /// Options of the data nodes (master and replicas): ACL users, password, extra args.
     pub server: ServerOptions,
+    /// TLS: data nodes and sentinels also listen for TLS (client certificates required),
+    /// and talk to each other over TLS; the sentinels name the TLS ports. The plain ports
+    /// stay open for the test's own checks; [`Sentinels::tls_url`] names the TLS ports.
+    pub tls: Option<Arc<TlsCerts>>,
 }
 
 impl Default for SentinelOptions {
@@ -52,6 +57,7 @@ impl Default for SentinelOptions {
             down_after_ms: 1000,
             failover_timeout_ms: 3000,
             server: ServerOptions::default(),
+            tls: None,
         }
     }
 }
@@ -59,12 +65,13 @@ impl Default for SentinelOptions {
 /// One `redis-server --sentinel` process, killed on drop.
 pub struct SentinelNode {
     lease: PortLease,
+    tls: Option<PortLease>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
 
 impl SentinelNode {
-    fn start(flavor: Flavor, config: &str) -> SentinelNode {
+    fn start(flavor: Flavor, config: &str, tls: Option<&TlsCerts>) -> SentinelNode {
         let binary = server_binary(flavor)
             .unwrap_or_else(|| panic!("{flavor} server not found: {}", flavor.install_hint()));
         let dir = tempfile::Builder::new()
@@ -73,15 +80,27 @@ impl SentinelNode {
             .expect("cannot create a temp dir for a sentinel");
         let mut node = SentinelNode {
             lease: reserve_port(),
+            tls: tls.map(|_| reserve_port()),
             dir,
             child: None,
         };
         for _ in 0..10 {
-            let conf = format!(
+            let mut conf = format!(
                 "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n{config}",
                 port = node.port(),
                 dir = node.dir().display(),
             );
+            if let (Some(certs), Some(lease)) = (tls, &node.tls) {
+                let args = certs.server_args(lease.port, true);
+                for pair in args.chunks(2) {
+                    conf.push_str(&format!(
+                        "{} {}\n",
+                        pair[0].trim_start_matches("--"),
+                        pair[1]
+                    ));
+                }
+                conf.push_str("tls-replication yes\n");
+            }
             let path = node.dir().join("sentinel.conf");
             std::fs::write(&path, conf).expect("cannot write sentinel.conf");
             let stdio = File::create(node.dir().join("stdio.log")).unwrap();
@@ -122,6 +141,11 @@ impl SentinelNode {
 
     pub fn port(&self) -> u16 {
         self.lease.port
+    }
+
+    /// The TLS port, for a set started with [`SentinelOptions::tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|l| l.port)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -168,6 +192,8 @@ pub struct Sentinels {
     flavor: Flavor,
     opts: SentinelOptions,
     data: Vec<Server>,
+    /// TLS port of each data node (with [`SentinelOptions::tls`]).
+    data_tls: Vec<PortLease>,
     killed: Vec<bool>,
     sentinels: Vec<SentinelNode>,
 }
@@ -193,9 +219,24 @@ impl Sentinels {
             base.extra_args
                 .extend(["--masterauth".to_owned(), pw.clone()]);
         }
-        let master = Server::start_with(flavor, base.clone());
+        let mut data_tls = Vec::new();
+        let start = |mut o: ServerOptions, data_tls: &mut Vec<PortLease>| {
+            if let Some(certs) = &opts.tls {
+                let lease = reserve_port();
+                o.extra_args.extend(certs.server_args(lease.port, true));
+                o.extra_args
+                    .extend(["--tls-replication".to_owned(), "yes".to_owned()]);
+                data_tls.push(lease);
+            }
+            Server::start_with(flavor, o)
+        };
+        let master = start(base.clone(), &mut data_tls);
         let mut data = vec![];
-        let master_port = master.port();
+        // the port the others reach the master on
+        let master_port = match data_tls.first() {
+            Some(lease) => lease.port,
+            None => master.port(),
+        };
         data.push(master);
         for _ in 0..opts.replicas {
             let mut o = base.clone();
@@ -204,7 +245,7 @@ impl Sentinels {
                 "127.0.0.1".to_owned(),
                 master_port.to_string(),
             ]);
-            data.push(Server::start_with(flavor, o));
+            data.push(start(o, &mut data_tls));
         }
         let name = &opts.master_name;
         let mut conf = format!(
@@ -220,13 +261,14 @@ impl Sentinels {
             conf.push_str(&format!("sentinel auth-pass {name} {pw}\n"));
         }
         let sentinels = (0..opts.sentinels)
-            .map(|_| SentinelNode::start(flavor, &conf))
+            .map(|_| SentinelNode::start(flavor, &conf, opts.tls.as_deref()))
             .collect();
         let set = Sentinels {
             flavor,
             killed: vec![false; data.len()],
             opts,
             data,
+            data_tls,
             sentinels,
         };
         set.wait_ready(0);
@@ -255,6 +297,32 @@ impl Sentinels {
         )
     }
 
+    /// `rediss+sentinel://127.0.0.1:T1,.../<master name>` with the sentinels' TLS ports.
+    pub fn tls_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.tls_port().expect("started without TLS")))
+            .collect();
+        format!(
+            "rediss+sentinel://{}/{}",
+            hosts.join(","),
+            self.opts.master_name
+        )
+    }
+
+    /// The port the sentinels know data node `i` by (its TLS port with TLS).
+    pub fn data_port(&self, i: usize) -> u16 {
+        match self.data_tls.get(i) {
+            Some(l) => l.port,
+            None => self.data[i].port(),
+        }
+    }
+
+    fn data_index(&self, port: u16) -> Option<usize> {
+        (0..self.data.len()).find(|&i| self.data_port(i) == port)
+    }
+
     /// The data node `i` (0 is the initial master).
     pub fn data(&self, i: usize) -> &Server {
         &self.data[i]
@@ -276,7 +344,7 @@ impl Sentinels {
     pub fn master(&self) -> usize {
         for s in &self.sentinels {
             if let Some(port) = self.sentinel_master_port(s)
-                && let Some(i) = self.data.iter().position(|d| d.port() == port)
+                && let Some(i) = self.data_index(port)
             {
                 return i;
             }
@@ -333,7 +401,7 @@ impl Sentinels {
                 .collect();
             let agreed = ports[0].filter(|p| ports.iter().all(|q| *q == Some(*p)));
             if let Some(port) = agreed
-                && let Some(i) = self.data.iter().position(|d| d.port() == port)
+                && let Some(i) = self.data_index(port)
                 && i != old
                 && role(&self.data[i]) == "master"
             {
@@ -368,7 +436,7 @@ impl Sentinels {
                     let i = items.iter().position(|x| x.as_str() == Some(name))?;
                     Some(items.get(i + 1)?.as_str()?.to_owned())
                 };
-                field("port").and_then(|p| p.parse::<u16>().ok()) == Some(self.data[master].port())
+                field("port").and_then(|p| p.parse::<u16>().ok()) == Some(self.data_port(master))
                     && field("num-other-sentinels").as_deref()
                         == Some(&(self.sentinels.len() - 1).to_string())
                     && field("num-slaves")
@@ -381,7 +449,7 @@ impl Sentinels {
                 .all(|i| {
                     matches!(self.data[i].try_cmd(&["INFO", "replication"]),
                         Ok(Reply::Bulk(t)) if t.contains("master_link_status:up")
-                            && t.contains(&format!("master_port:{}", self.data[master].port())))
+                            && t.contains(&format!("master_port:{}", self.data_port(master))))
                 });
             if sentinels_ready && replicas_synced {
                 return;
