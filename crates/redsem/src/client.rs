@@ -340,17 +340,35 @@ impl ClientBuilder {
     }
 }
 
-/// The URL with its password replaced, for messages.
+/// The URL with its passwords replaced, for messages (the user's, and a
+/// `sentinel_password=` in the query).
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
+            let creds = &base[s + 3..at];
             match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_owned(),
+                Some(c) => format!("{}{}:***{}", &base[..s + 3], &creds[..c], &base[at..]),
+                None => base.to_owned(),
             }
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    match query {
+        None => base,
+        Some(q) => {
+            let q: Vec<String> = q
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", q.join("&"))
+        }
     }
 }
 
@@ -363,5 +381,9 @@ mod tests {
             "redis://app:***@h:1/0"
         );
         assert_eq!(super::redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            super::redact("redis+sentinel://u:pw@s1,s2/m?sentinel_password=x&a=b"),
+            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=b"
+        );
     }
 }
