@@ -21,9 +21,10 @@ pub const DEFAULT_PREFIX: &str = "redsem";
 /// A connection to one Redis (or Valkey) deployment, shared by every semaphore of a process.
 ///
 /// A client holds exactly two connections whatever the number of semaphores, waiters and
-/// holders: one multiplexed connection for commands (every script call, pipelined), and one
-/// RESP3 connection on which grants are pushed to this process. It also runs one background
-/// task that performs the releases of dropped permits. Cloning is cheap (an `Arc`).
+/// holders (on a cluster, two per node): one multiplexed connection for commands (every
+/// script call, pipelined), and one RESP3 connection on which grants are pushed to this
+/// process. It also runs one background task that performs the releases of dropped permits
+/// (and, through Sentinel, one that follows the master). Cloning is cheap (an `Arc`).
 ///
 /// Create it once per process, inside a Tokio runtime, and open semaphores from it with
 /// [`Client::semaphore`].
