@@ -42,3 +42,35 @@ fn run_through_sentinel_before_and_after_a_failover() {
         Some("2")
     );
 }
+
+#[test]
+fn tls_files_by_flag_and_by_environment() {
+    let certs = test_support::TlsCerts::generate();
+    let server = test_support::TlsServer::start(Flavor::Redis, &certs, true);
+    let url = server.tls_url();
+    let out = run(redsem_at(&url)
+        .arg("--tls-ca")
+        .arg(&certs.ca)
+        .arg("--tls-cert")
+        .arg(&certs.client_cert)
+        .arg("--tls-key")
+        .arg(&certs.client_key)
+        .args(["run", "--name", "tls", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem_at(&url)
+        .env("REDSEM_TLS_CA", &certs.ca)
+        .env("REDSEM_TLS_CERT", &certs.client_cert)
+        .env("REDSEM_TLS_KEY", &certs.client_key)
+        .args(["stats", "tls", "--json"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["HGET", "redsem:{tls}:cfg", "grants"]).as_str(),
+        Some("1")
+    );
+    // without the client certificate the server refuses, and the message says so
+    let out = run(redsem_at(&url)
+        .env("REDSEM_TLS_CA", &certs.ca)
+        .args(["list"]));
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("Certificate"), "{}", stderr(&out));
+}
