@@ -197,7 +197,11 @@ fn binned_mean(timeline: &[(f64, usize)], width: f64, end: f64) -> Vec<(f64, f64
     let mut add = |from: f64, to: f64, v: f64| {
         let mut a = from.max(0.0);
         while a < to {
-            let b = ((a / width).floor() + 1.0) * width;
+            let mut b = ((a / width).floor() + 1.0) * width;
+            if b <= a {
+                // `a` sits on a bin boundary and the division rounded down: next bin
+                b = ((a / width).floor() + 2.0) * width;
+            }
             let seg_end = b.min(to);
             let k = ((a / width).floor() as usize).min(nbins - 1);
             area[k] += (seg_end - a) * v;
@@ -220,6 +224,16 @@ fn binned_mean(timeline: &[(f64, usize)], width: f64, end: f64) -> Vec<(f64, f64
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn binned_mean_ends_on_bin_boundaries_that_round_down() {
+        // 0.15 / 0.05 = 2.9999999999999996: without care the bin walk never advanced
+        let timeline = [(0.15000000000000002, 1usize), (0.3, 2), (0.45, 0)];
+        let means = super::binned_mean(&timeline, 0.05, 0.5);
+        assert_eq!(means.len(), 10);
+        assert!((means[4].1 - 1.0).abs() < 1e-9, "{means:?}");
+        assert!((means[7].1 - 2.0).abs() < 1e-9, "{means:?}");
+    }
+
     #[test]
     fn binned_mean_is_time_weighted() {
         // 2 holders from 0.0 to 0.05, 0 from 0.05 to 0.075, 4 from 0.075 on
