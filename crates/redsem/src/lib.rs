@@ -56,9 +56,11 @@
 //!
 //! # Cost
 //!
-//! Per process: two Redis connections (commands, notifications) and one background task for
-//! releases, plus one heartbeat task per open semaphore handle. Per acquisition: one script
-//! call, plus one to release. Per process and semaphore: one batched renewal call per renewal
+//! Per process: two Redis connections (commands, notifications; on a Redis Cluster, two per
+//! node the client talks to) and one background task for releases, plus a heartbeat and a
+//! batching task per open semaphore handle. Per acquisition: at most one script call
+//! (acquisitions made while a call is in flight share the next one), plus at most one to
+//! release (background releases are batched too). Per process and semaphore: one batched renewal call per renewal
 //! interval while holding, and per fallback interval while waiting.
 //!
 //! # Feature flags

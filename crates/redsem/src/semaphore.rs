@@ -712,8 +712,9 @@ impl Drop for Pending<'_> {
 /// no request starves, at the cost of idle permits while a large request waits.
 ///
 /// # Cost
-/// One script call per acquisition (granted at once, or queued and later notified with no
-/// further round trip) and one per release, whatever the number of waiters. Per process and
+/// At most one script call per acquisition (granted at once, or queued and later notified
+/// with no further round trip; acquisitions made while a call is in flight share the next
+/// one) and one per release, whatever the number of waiters. Per process and
 /// semaphore handle, one batched renewal call every renewal interval while it holds permits,
 /// and every fallback interval while it has waiters.
 ///
