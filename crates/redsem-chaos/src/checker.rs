@@ -117,7 +117,9 @@ pub struct Report {
     pub worst_recovery_ms: f64,
     /// Recovery times of dead entries when live waiters were queued: 99th percentile (ms).
     pub p99_recovery_ms: f64,
-    /// How many dead entries those two figures are computed over.
+    /// Median of the same recovery times (ms).
+    pub median_recovery_ms: f64,
+    /// How many dead entries those figures are computed over.
     pub recovery_samples: usize,
     /// Longest time a waiter took to learn of its grant, when not excused (ms).
     pub worst_grant_notice_ms: f64,
@@ -212,8 +214,12 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "dead entries reaped: {}   recovery after SIGKILL with waiters queued ({} cases): worst {:.0} ms, p99 {:.0} ms",
-            self.dead_entries, self.recovery_samples, self.worst_recovery_ms, self.p99_recovery_ms
+            "dead entries reaped: {}   recovery after SIGKILL with waiters queued ({} cases): median {:.0} ms, p99 {:.0} ms, worst {:.0} ms",
+            self.dead_entries,
+            self.recovery_samples,
+            self.median_recovery_ms,
+            self.p99_recovery_ms,
+            self.worst_recovery_ms
         );
         let _ = writeln!(
             s,
@@ -1105,6 +1111,7 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
     if let Some(&w) = recoveries.last() {
         r.worst_recovery_ms = w;
         r.p99_recovery_ms = recoveries[(recoveries.len() * 99 / 100).min(recoveries.len() - 1)];
+        r.median_recovery_ms = recoveries[recoveries.len() / 2];
     }
     Ok(())
 }
@@ -1204,15 +1211,17 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             .restarts
             .iter()
             .find(|rs| rs.start >= o.begin.min(acq) && rs.start <= s_star);
-        let halts: Vec<(i64, i64)> = logs
-            .halts(o.worker)
-            .into_iter()
-            .filter(|&(p, c)| p <= s_star && c >= s_star - t.lease)
-            .collect();
-        let paused = w
-            .pauses
+        // halts that could have let its lease run out unnoticed (begun by s*), and halts
+        // that kept it from learning afterwards (begun before it gave up)
+        let all_halts = logs.halts(o.worker);
+        let caused = |&(p, c): &(i64, i64)| p <= s_star && c >= s_star - t.lease;
+        let cause = all_halts.iter().any(caused);
+        let paused = w.pauses.iter().any(caused);
+        let last_halt_end = all_halts
             .iter()
-            .any(|&(p, c)| p <= s_star && c >= s_star - t.lease);
+            .filter(|&&(p, c)| p <= end && c >= s_star - t.lease)
+            .map(|h| h.1)
+            .max();
         // the first moment it could learn: Redis answering again after the data loss (or
         // its local deadline, if the client was still reconnecting), the end of its pause
         let mut learn_from = s_star;
@@ -1221,9 +1230,13 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             learn_from = learn_from.max(rs.ready.max(rs.start + t.lease - t.renew));
             class = Some("data-loss");
         }
-        if let Some(c) = halts.iter().map(|h| h.1).max() {
-            learn_from = learn_from.max(c);
+        if cause {
             class.get_or_insert(if paused { "pause" } else { "stall" });
+        }
+        if class.is_some()
+            && let Some(c) = last_halt_end
+        {
+            learn_from = learn_from.max(c);
         }
         let Some(class) = class else {
             if end - s_star > t.slack {
