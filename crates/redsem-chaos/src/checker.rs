@@ -110,8 +110,9 @@ pub struct Report {
     /// by class, in ms.
     pub worst_detection_ms: BTreeMap<String, f64>,
     /// Entries of killed workers reaped; worst time from the kill to the first snapshot
-    /// without the entry, among those whose lease ran out while a live waiter was queued
-    /// and nothing (a DEBUG SLEEP, a fault delaying its last renewal) held it up (ms).
+    /// without the entry, among the holders (slots) of a killed process whose lease ran out
+    /// while a live waiter was queued, when nothing (a DEBUG SLEEP, a fault delaying its last
+    /// renewal) held it up (ms, to the resolution of the snapshots).
     pub dead_entries: usize,
     /// See `dead_entries`.
     pub worst_recovery_ms: f64,
@@ -214,7 +215,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "dead entries reaped: {}   recovery after SIGKILL with waiters queued ({} cases): median {:.0} ms, p99 {:.0} ms, worst {:.0} ms",
+            "dead entries reaped: {}   slots of SIGKILLed holders free again, with waiters queued ({} cases): median {:.0} ms, p99 {:.0} ms, worst {:.0} ms",
             self.dead_entries,
             self.recovery_samples,
             self.median_recovery_ms,
@@ -720,7 +721,12 @@ struct DeadEntry {
     killed: i64,
     last_seen: i64,
     gone_at: Option<i64>,
+    /// A live waiter was queued when its lease ran out.
     demand: bool,
+    /// It was seen after its lease ran out.
+    seen_expired: bool,
+    /// It held slots (a holder, not a waiter).
+    held: bool,
     reported: bool,
 }
 
@@ -969,6 +975,8 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
                 last_seen: now,
                 gone_at: None,
                 demand: false,
+                seen_expired: false,
+                held: false,
                 reported: false,
             });
             d.last_seen = now;
@@ -990,9 +998,16 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             }
             let from = deadline - t.lease - t.slack;
             let demand = live_waiter(logs, &mut excused, from);
-            if demand && !valid(e) {
-                // its lease is over and a live waiter wants the slot: it should go now
-                d.demand = true;
+            // wanted when its lease ran out: a live waiter queued at the last sighting
+            // before the expiry, and at the first one after it (if it was still there)
+            if valid(e) {
+                d.demand = demand;
+            } else if !d.seen_expired {
+                d.seen_expired = true;
+                d.demand &= demand;
+            }
+            if !e.slots.is_empty() {
+                d.held = true;
             }
             if now >= deadline && demand && !overlaps(&global, from, now) && !d.reported {
                 d.reported = true;
@@ -1090,7 +1105,7 @@ fn snapshots(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> 
             .get(&d.worker)
             .is_some_and(|&dl| dl > d.killed + t.lease + t.slack)
             || overlaps(&global, d.killed, gone);
-        if d.demand && !held_up {
+        if d.demand && d.held && !held_up {
             if std::env::var_os("REDSEM_CHAOS_DEBUG").is_some()
                 && gone - d.killed > t.lease + t.slack
             {
