@@ -23,7 +23,9 @@
 //! 3. `stale-belief`: a holder that believes while its lease is not valid in Redis (absent,
 //!    expired, or with other slots) at a snapshot `s*` is explained only by a documented
 //!    fault: its process was paused (SIGSTOP) or stalled (no timer fired: starved) between
-//!    `s* − lease` and `s*`, or Redis lost its data after the grant. And it must stop
+//!    `s* − lease` and `s*`, Redis lost its data after the grant, or an operator
+//!    force-released it (then it must learn within one renewal interval of the release,
+//!    like after a pause: from the release's end). And it must stop
 //!    believing — the guarded work cancelled — within one renewal interval (+ slack) of the
 //!    first moment it could learn: `max(s*, end of the pause)`, or after a data loss
 //!    `max(Redis answering again, restart + lease − renewal interval)` (its client may still
@@ -372,6 +374,8 @@ struct Logs {
     occupancy: Vec<(usize, i64, i64, u32)>,
     /// worker → windows during which its command connection was faulted
     cmd_windows: HashMap<u32, Vec<(i64, i64)>>,
+    /// holder id → (start, end) of an operator's `force_release` of it
+    evictions: HashMap<String, (i64, i64)>,
 }
 
 fn num<T: std::str::FromStr>(s: Option<&&str>) -> Option<T> {
@@ -533,6 +537,7 @@ impl Logs {
             final_state: None,
             occupancy: Vec::new(),
             cmd_windows: HashMap::new(),
+            evictions: HashMap::new(),
         };
         let runner =
             std::fs::read_to_string(dir.join("runner.log")).context("reading runner.log")?;
@@ -546,6 +551,13 @@ impl Logs {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         for f in &logs.faults {
+            if f.kind == FaultKind::ForceRelease
+                && let Some(rest) = f.detail.strip_prefix("holder=")
+                && let Some((holder, removed)) = rest.split_once(",removed=")
+                && removed != "false"
+            {
+                logs.evictions.insert(holder.to_owned(), (f.t0, f.t1));
+            }
             let Some(w) = f.worker else { continue };
             match f.kind {
                 FaultKind::KillHolder | FaultKind::KillWaiter => {
@@ -1207,7 +1219,13 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             .restarts
             .iter()
             .any(|rs| rs.start >= s_valid && rs.start <= end);
-        let maybe_gone = o.lost.is_some() || died || halted || data_lost;
+        let evicted = o
+            .holder
+            .as_ref()
+            .and_then(|h| logs.evictions.get(h))
+            .copied();
+        let evicted_by_end = evicted.is_some_and(|(f0, _)| f0 <= end);
+        let maybe_gone = o.lost.is_some() || died || halted || data_lost || evicted_by_end;
         let s_star = match first_bad {
             Some(k) if o.obs[k].0 <= end => o.obs[k].0,
             _ => {
@@ -1244,6 +1262,13 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         if let Some(rs) = restart {
             learn_from = learn_from.max(rs.ready.max(rs.start + t.lease - t.renew));
             class = Some("data-loss");
+        }
+        if let Some((f0, f1)) = evicted
+            && f0 <= s_star
+        {
+            // an operator removed it: its next renewal says so
+            learn_from = learn_from.max(f1);
+            class = Some("eviction");
         }
         if cause {
             class.get_or_insert(if paused { "pause" } else { "stall" });
@@ -1301,7 +1326,14 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
 
 fn class_of(logs: &Logs, o: &Op, since: i64) -> &'static str {
     let w = &logs.workers[&o.worker];
-    if logs
+    let evicted = o
+        .holder
+        .as_ref()
+        .and_then(|h| logs.evictions.get(h))
+        .is_some_and(|&(f0, _)| f0 <= since + logs.t.snapshot * 2);
+    if evicted {
+        "eviction"
+    } else if logs
         .restarts
         .iter()
         .any(|rs| rs.start >= o.begin && rs.start <= since + logs.t.snapshot * 2)

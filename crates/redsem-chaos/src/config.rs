@@ -48,11 +48,13 @@ pub enum FaultKind {
     RestartDataLoss,
     /// `DEBUG SLEEP`: Redis answers nothing for a while.
     DebugSleep,
+    /// An operator's `force_release` of a holder (its slots' fences advance at once).
+    ForceRelease,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::PauseShort,
@@ -65,6 +67,7 @@ impl FaultKind {
         FaultKind::ClientKillPubsub,
         FaultKind::RestartDataLoss,
         FaultKind::DebugSleep,
+        FaultKind::ForceRelease,
     ];
 
     /// The kebab-case name used on the command line and in the logs.
@@ -82,6 +85,7 @@ impl FaultKind {
             FaultKind::ClientKillPubsub => "client-kill-pubsub",
             FaultKind::RestartDataLoss => "restart-data-loss",
             FaultKind::DebugSleep => "debug-sleep",
+            FaultKind::ForceRelease => "force-release",
         }
     }
 
@@ -101,6 +105,7 @@ impl FaultKind {
             FaultKind::ClientKillPubsub => 3,
             FaultKind::RestartDataLoss => 1,
             FaultKind::DebugSleep => 4,
+            FaultKind::ForceRelease => 4,
         }
     }
 }

@@ -18,7 +18,7 @@
 //! that survives a Redis data loss would provide (see `docs/guarantees.md`); a grant whose
 //! acquire overlapped a restart has an unknown epoch, and its writes are refused (`X`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -63,7 +63,8 @@ struct WorkerState {
     pid: u32,
     paused: bool,
     killing: bool,
-    holding: HashSet<String>,
+    /// op → (semaphore, holder id)
+    holding: BTreeMap<String, (usize, String)>,
     waiting: HashSet<String>,
 }
 
@@ -86,6 +87,8 @@ struct Shared {
     next_worker: AtomicU32,
     acquisitions: AtomicU64,
     faults: AtomicU64,
+    /// An operator's redsem client, on a direct connection (for `force-release`).
+    operator: tokio::sync::Mutex<Option<redsem::Client>>,
     /// A direct connection, to tell which Redis incarnation holds a grant whose acquire
     /// overlapped a restart.
     direct: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
@@ -130,6 +133,7 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         next_worker: AtomicU32::new(0),
         acquisitions: AtomicU64::new(0),
         faults: AtomicU64::new(0),
+        operator: tokio::sync::Mutex::new(None),
         direct: tokio::sync::Mutex::new(None),
         redis_url: redis_url.clone(),
     });
@@ -232,6 +236,7 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     drop(proxies);
     resource_task.abort();
     *shared.direct.lock().await = None;
+    *shared.operator.lock().await = None;
 
     let final_state = final_state(cfg, &redis_url, exited_at).await;
     std::fs::write(
@@ -365,7 +370,7 @@ async fn resource_conn(stream: UnixStream, shared: Arc<Shared>) {
                     .line(&format!("hold {} {worker} {} {sem} {e}", now_us(), f[1]));
                 shared.with_worker(worker, |ws| {
                     ws.waiting.remove(f[1]);
-                    ws.holding.insert(f[1].to_owned());
+                    ws.holding.insert(f[1].to_owned(), (sem, f[5].to_owned()));
                 });
             }
             ("W", 6) => {
@@ -406,6 +411,30 @@ async fn resource_conn(stream: UnixStream, shared: Arc<Shared>) {
             }
             _ => {}
         }
+    }
+}
+
+/// An operator's `force_release` of `holder`: `true` (removed), `false` (already gone) or
+/// `error` (Redis down or asleep: it may still have happened).
+async fn force_release(shared: &Shared, name: &str, holder: &str) -> String {
+    let mut op = shared.operator.lock().await;
+    if op.is_none() {
+        let built = redsem::Client::builder(shared.redis_url.as_str())
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .await;
+        match built {
+            Ok(c) => *op = Some(c),
+            Err(_) => return "error".into(),
+        }
+    }
+    let Some(client) = op.as_ref() else {
+        return "error".into();
+    };
+    match client.force_release_existing(name, holder).await {
+        Ok(existed) => existed.to_string(),
+        Err(_) => "error".into(),
     }
 }
 
@@ -679,6 +708,28 @@ async fn inject(
                 Some(slot),
                 Some(id),
                 format!("ms={ms},delay_ms={extra}"),
+            );
+        }
+        FaultKind::ForceRelease => {
+            let Some((slot, id, _)) = pick_slot(&shared, target, |w| !w.holding.is_empty()) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let picked = {
+                let slots = shared.slots.lock().unwrap();
+                slots[slot]
+                    .as_ref()
+                    .filter(|w| w.id == id)
+                    .and_then(|w| w.holding.values().next().cloned())
+            };
+            let Some((sem, holder)) = picked else { return };
+            let name = shared.cfg.sems[sem].name.clone();
+            let t0 = now_us();
+            let removed = force_release(&shared, &name, &holder).await;
+            log(
+                t0,
+                Some(slot),
+                Some(id),
+                format!("holder={holder},removed={removed}"),
             );
         }
         FaultKind::ClientKillPubsub => {
