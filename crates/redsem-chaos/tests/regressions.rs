@@ -61,8 +61,9 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
 
         // from now on the waiter's renewals hang; its notifications still arrive
         proxy.blackhole(Class::Cmd, true);
-        // the waiter's lease in Redis still has at least lease − renewal interval to run
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // granted well before the waiter's lease could end (its last renewal is at most one
+        // renewal interval, 200 ms, old: at least 340 ms of it are left)
+        tokio::time::sleep(Duration::from_millis(100)).await;
         held.release().await.unwrap();
         let permit = tokio::time::timeout(Duration::from_secs(3), waiting)
             .await
@@ -90,6 +91,93 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
             "{flavor}: the permit was reported lost {} ms after its lease ended in Redis",
             lost_at - expiry_ms
         );
+        drop(permit);
+    }
+}
+
+/// Found by `redsem-chaos` (a `fencing` violation: a write rejected although the checker saw
+/// no reason for its holder to be stale): a grant that reaches the waiter after the lease it
+/// keeps could have run out — the notification or the reply held up, here by black-holed
+/// connections — was handed out by `acquire` as a valid permit, although Redis had expired it
+/// (and could have granted the slot again); the caller could act on it before the heartbeat
+/// declared it lost. Such a grant must be given back, and the acquire queue again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out() {
+    for flavor in test_support::flavors() {
+        let server = tokio::task::spawn_blocking(move || Server::start(flavor))
+            .await
+            .unwrap();
+        let proxy = ClientProxy::start(server.addr()).await.unwrap();
+        let lease = Duration::from_millis(600);
+        let name = "late-grant";
+
+        let holder_client = redsem::Client::connect(&server.url()).await.unwrap();
+        let holder_sem = holder_client
+            .semaphore(name, 1)
+            .lease(lease)
+            .open()
+            .await
+            .unwrap();
+        let held = holder_sem.acquire().await.unwrap();
+
+        let waiter_client = redsem::Client::connect(&proxy.url()).await.unwrap();
+        let waiter_sem = waiter_client
+            .semaphore(name, 1)
+            .lease(lease)
+            .open()
+            .await
+            .unwrap();
+        let url = server.url();
+        let exp_key = format!("redsem:{{{name}}}:exp");
+        let waiting = tokio::spawn(async move {
+            let permit = waiter_sem.acquire().await.unwrap();
+            let returned_at = now_ms();
+            // the lease in Redis when acquire returned, read on a direct connection
+            let mut direct = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let expiry: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&exp_key)
+                .arg(permit.holder_id())
+                .query_async(&mut direct)
+                .await
+                .unwrap();
+            (permit, returned_at, expiry.map(|e| e as i64))
+        });
+        let queue_key = format!("redsem:{{{name}}}:queue");
+        for _ in 0..500 {
+            if server.cmd(&["ZCARD", &queue_key]).as_int() == Some(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(server.cmd(&["ZCARD", &queue_key]).as_int(), Some(1));
+
+        // the waiter's process hears nothing for longer than the lease: it is granted the
+        // permit meanwhile, and the lease it keeps runs out in Redis
+        proxy.blackhole(Class::Cmd, true);
+        proxy.blackhole(Class::Pubsub, true);
+        held.release().await.unwrap();
+        tokio::time::sleep(lease + Duration::from_millis(400)).await;
+        // the notification arrives first (no script of the waiter has run since: nothing
+        // reaped the expired entry yet)
+        proxy.blackhole(Class::Pubsub, false);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        proxy.blackhole(Class::Cmd, false);
+        let (permit, returned_at, expiry) = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the acquire never returned")
+            .unwrap();
+        match expiry {
+            Some(e) => assert!(
+                e > returned_at,
+                "{flavor}: acquire returned a permit whose lease had ended in Redis {} ms before",
+                returned_at - e
+            ),
+            None => panic!("{flavor}: acquire returned a permit that Redis no longer had"),
+        }
         drop(permit);
     }
 }

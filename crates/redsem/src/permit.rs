@@ -86,6 +86,10 @@ impl LeaseState {
         self.token.cancel();
     }
 
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost_reason().is_some()
+    }
+
     fn lost_reason(&self) -> Option<LostReason> {
         *self.lost_tx.borrow()
     }

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::batch;
 use crate::client::{Client, ClientInner};
 use crate::driver::Msg;
-use crate::error::Error;
+use crate::error::{BackendError, Error};
 use crate::heartbeat;
 use crate::keys::Keys;
 use crate::permit::{LeaseState, Permit};
@@ -409,6 +409,12 @@ impl SemShared {
         }
     }
 
+    /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
+    /// Redis by now (the heartbeat's deadline: lease − safety margin).
+    pub(crate) fn lease_may_have_ended(&self, confirmed: Instant) -> bool {
+        confirmed + self.settings.lease - self.settings.margin <= Instant::now()
+    }
+
     /// Asks the heartbeat to check every waiter and holder now (after a reconnect).
     pub(crate) fn recheck_now(&self) {
         self.state.lock().unwrap().force = true;
@@ -549,6 +555,15 @@ impl SemShared {
             };
             match reply {
                 AcquireReply::Granted(grant) if try_only => {
+                    if self.lease_may_have_ended(sent) {
+                        // the reply came too late to trust the grant: give it back
+                        let id = pending.disarm();
+                        self.release_in_background(id);
+                        return Err(Error::Unreachable(BackendError::timed_out(format!(
+                            "the grant of semaphore {:?} came back after its lease could have ended",
+                            self.name()
+                        ))));
+                    }
                     let lease = Arc::new(LeaseState::new(sent));
                     self.state
                         .lock()
@@ -596,6 +611,15 @@ impl SemShared {
             match outcome {
                 Ok(Outcome::Granted(grant, lease)) => {
                     let id = pending.disarm();
+                    // A grant keeps the waiter's lease. One that arrives after that lease
+                    // could have run out (its notification or reply held up) may no longer be
+                    // ours in Redis: give it back and queue again, at the back.
+                    if lease.is_lost() || self.lease_may_have_ended(lease.renewed_at()) {
+                        tracing::info!(semaphore = %self.name(), "grant arrived too late to be trusted; queueing again");
+                        self.forget_holder(&id);
+                        self.release_in_background(id);
+                        continue;
+                    }
                     return Ok(Permit::new(self.clone(), id, n, grant, lease, local));
                 }
                 Ok(Outcome::Rejected) => {
