@@ -24,8 +24,9 @@
 //!    expired, or with other slots) at a snapshot `s*` is explained only by a documented
 //!    fault: its process was paused (SIGSTOP) or stalled (no timer fired: starved) between
 //!    `s* − lease` and `s*`, Redis lost its data after the grant, or an operator
-//!    force-released it (then it must learn within one renewal interval of the release,
-//!    like after a pause: from the release's end). And it must stop
+//!    force-released it (then it must learn within one renewal interval of the release's
+//!    end — or by its local deadline if Redis or its connection was down meanwhile). And it
+//!    must stop
 //!    believing — the guarded work cancelled — within one renewal interval (+ slack) of the
 //!    first moment it could learn: `max(s*, end of the pause)`, or after a data loss
 //!    `max(Redis answering again, restart + lease − renewal interval)` (its client may still
@@ -1200,6 +1201,7 @@ struct Stale {
 /// was, invalid in Redis while it believed it held.
 fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
     let t = logs.t;
+    let global = logs.global_halts();
     let mut inv = vec![Stale::default(); logs.ops.len()];
     for (i, o) in logs.ops.iter().enumerate() {
         let Some(acq) = o.acq else { continue };
@@ -1266,8 +1268,19 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         if let Some((f0, f1)) = evicted
             && f0 <= s_star
         {
-            // an operator removed it: its next renewal says so
-            learn_from = learn_from.max(f1);
+            // an operator removed it: its next renewal says so, if Redis answers it; if Redis
+            // or its command connection was down meanwhile, its local deadline does (lease −
+            // margin after its last confirmed renewal, which was sent before the removal)
+            let base = f1.max(last_halt_end.unwrap_or(f1));
+            let window = (f0, base + t.renew + t.slack);
+            let unreachable = overlaps(&global, window.0, window.1)
+                || overlaps(&logs.cmd_faults(o.worker), window.0, window.1);
+            let by = if unreachable {
+                base.max(f0 + t.lease - t.renew)
+            } else {
+                base
+            };
+            learn_from = learn_from.max(by);
             class = Some("eviction");
         }
         if cause {

@@ -1,5 +1,7 @@
 //! The checker on hand-written logs: an overlap of two holders of one slot is a violation,
-//! unless the first one's process was paused past its lease (and it gave up in time).
+//! unless the first one's process was paused past its lease (and it gave up in time); a
+//! holder evicted by an operator must learn it at its next renewal, or by its local deadline
+//! when its renewals could not reach Redis.
 
 use std::path::Path;
 
@@ -33,6 +35,31 @@ fn config() -> Config {
 /// the same slot (generation 2) at 2000 ms. `paused`: worker 0 was SIGSTOPped from 1100 to
 /// 2600 ms, its lease expired in Redis, and it learned it at 2601 ms.
 fn write_run(dir: &Path, paused: bool) {
+    write_run_with(
+        dir,
+        if paused {
+            Story::Paused
+        } else {
+            Story::Overlap
+        },
+    );
+}
+
+/// What happens to worker 0's permit.
+#[derive(Clone, Copy, PartialEq)]
+enum Story {
+    /// It keeps its lease until 3000 ms: two valid holders of one slot.
+    Overlap,
+    /// Paused from 1100 to 2600 ms, past its lease; learns at 2601 ms.
+    Paused,
+    /// An operator force-releases it at 1500 ms; it learns at `learned_ms`. `blackholed`:
+    /// its command connection was black-holed from 1400 to 1900 ms, so its renewals could
+    /// not tell it; only its local deadline (lease − margin after its last renewal) could.
+    Evicted { learned_ms: i64, blackholed: bool },
+}
+
+fn write_run_with(dir: &Path, story: Story) {
+    let paused = story == Story::Paused;
     let t = |ms: i64| T0 + ms * MS;
     std::fs::write(
         dir.join("config.json"),
@@ -48,6 +75,20 @@ fn write_run(dir: &Path, paused: bool) {
         format!("hold {} 1 1.0.1 0 0", t(2000)),
         format!("write {} 1 1.0.1 0 0 0 2 {} A", t(2000), t(2000)),
     ];
+    if let Story::Evicted { blackholed, .. } = story {
+        runner.push(format!(
+            "fault {} {} force-release 0 0 holder=aaaa.0-x,removed=true",
+            t(1500),
+            t(1502)
+        ));
+        if blackholed {
+            runner.push(format!(
+                "fault {} {} blackhole-cmd 0 0 ms=500",
+                t(1400),
+                t(1900)
+            ));
+        }
+    }
     if paused {
         runner.push(format!(
             "fault {} {} pause-long 0 0 ms=1500",
@@ -60,7 +101,11 @@ fn write_run(dir: &Path, paused: bool) {
     runner.push(format!("exit {} 1 ok", t(4000)));
     std::fs::write(dir.join("runner.log"), runner.join("\n") + "\n").unwrap();
 
-    let end0 = if paused { 2601 } else { 3000 };
+    let end0 = match story {
+        Story::Overlap => 3000,
+        Story::Paused => 2601,
+        Story::Evicted { learned_ms, .. } => learned_ms,
+    };
     let mut w0 = vec![
         format!("start {} 100 aaaa", t(0)),
         format!("begin {} 0.0.1 0 1 2000 wait run", t(990)),
@@ -70,6 +115,14 @@ fn write_run(dir: &Path, paused: bool) {
         w0.push(format!("stall {} {}", t(1100), t(2600)));
         w0.push(format!("cancel {} 0.0.1", t(end0)));
         w0.push(format!("lost {} 0.0.1 Unreachable", t(end0)));
+    } else if let Story::Evicted { blackholed, .. } = story {
+        let reason = if blackholed {
+            "Unreachable"
+        } else {
+            "NotHolder"
+        };
+        w0.push(format!("cancel {} 0.0.1", t(end0)));
+        w0.push(format!("lost {} 0.0.1 {reason}", t(end0)));
     } else {
         w0.push(format!("done {} 0.0.1 ok", t(end0)));
     }
@@ -90,7 +143,11 @@ fn write_run(dir: &Path, paused: bool) {
         let now = t(ms);
         let mut entries = Vec::new();
         let mut slots = Vec::new();
-        let w0_valid = if paused { ms < 1600 } else { ms < 3000 };
+        let w0_valid = match story {
+            Story::Overlap => ms < 3000,
+            Story::Paused => ms < 1600,
+            Story::Evicted { .. } => ms < 1500,
+        };
         if w0_valid {
             entries.push(format!("0:{}:-1:1:{}:1:0", (now / MS) + 400, t(1000) / MS));
             slots.push("0=0".to_owned());
@@ -163,7 +220,26 @@ fn a_stale_holder_that_gives_up_late_is_a_violation() {
         )
         .replace(&format!("lost {}", T0 + 2601 * MS), &format!("lost {late}"));
     std::fs::write(dir.path().join("w0.log"), w0).unwrap();
-    let r = checker::check(dir.path()).unwrap();
+    assert_stale_belief(&checker::check(dir.path()).unwrap());
+}
+
+/// Checks a run where worker 0 was evicted and learned it at `learned_ms`.
+fn check_eviction(learned_ms: i64, blackholed: bool) -> checker::Report {
+    let dir = tempfile::tempdir().unwrap();
+    let story = Story::Evicted {
+        learned_ms,
+        blackholed,
+    };
+    write_run_with(dir.path(), story);
+    checker::check(dir.path()).unwrap()
+}
+
+fn assert_explained_eviction(r: &checker::Report) {
+    assert_eq!(r.total_violations(), 0, "{}", r.text());
+    assert_eq!(r.stale_beliefs.get("eviction"), Some(&1), "{}", r.text());
+}
+
+fn assert_stale_belief(r: &checker::Report) {
     assert!(
         r.violation_counts
             .get("stale-belief")
@@ -171,4 +247,23 @@ fn a_stale_holder_that_gives_up_late_is_a_violation() {
         "{}",
         r.text()
     );
+}
+
+#[test]
+fn an_evicted_holder_that_learns_at_its_next_renewal_is_explained() {
+    assert_explained_eviction(&check_eviction(1600, false));
+}
+
+#[test]
+fn an_evicted_holder_that_renews_fine_but_learns_late_is_a_violation() {
+    // 328 ms after the release: more than one renewal interval (125 ms) + slack (50 ms)
+    assert_stale_belief(&check_eviction(1830, false));
+}
+
+#[test]
+fn an_evicted_holder_cut_off_from_redis_may_learn_by_its_local_deadline() {
+    // renewals black-holed: it learns by its deadline (last renewal ~1375 ms + 450 ms)
+    assert_explained_eviction(&check_eviction(1830, true));
+    // ...but not later than one renewal interval + slack after that deadline
+    assert_stale_belief(&check_eviction(2200, true));
 }
