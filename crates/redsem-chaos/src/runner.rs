@@ -15,7 +15,7 @@
 //!
 //! The resource keeps, per semaphore and slot, the highest `(epoch, generation)` it has seen,
 //! and rejects a write that carries a lower one. The epoch stands in for what a fence record
-//! that survives a Redis data loss would provide (see `docs/guarantees.md`); a grant whose
+//! that survives a Redis data loss would provide (see the README's "Guarantees"); a grant whose
 //! acquire overlapped a restart has an unknown epoch, and its writes are refused (`X`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
