@@ -6,13 +6,15 @@
 //! gather and leave together with the next one. A burst of N acquires thus costs a few round
 //! trips instead of N, and a waiting task does not keep a script call of its own in flight.
 //!
-//! Cancellation: a request whose acquire was dropped before it was sent is skipped. One
+//! Cancellation: a request whose acquire was dropped before it was sent is skipped, and so
+//! is every request once the handle is closed (its acquire fails with `Closed`). One
 //! dropped while its call was in flight is released by this task once the call returned, so
 //! the release always reaches Redis after the entry was created.
 
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Driver, Msg};
 use crate::scripts::{self, AcquireArgs, AcquireReply, Conn};
@@ -23,7 +25,7 @@ const MAX_BATCH: usize = 256;
 
 /// One acquisition waiting to be sent.
 pub(crate) struct Request {
-    pub(crate) id: String,
+    pub(crate) id: Arc<str>,
     pub(crate) n: u32,
     pub(crate) try_only: bool,
     pub(crate) reply: oneshot::Sender<redis::RedisResult<AcquireReply>>,
@@ -40,25 +42,31 @@ pub(crate) struct Fixed {
 /// Starts the batching task of one semaphore handle; it ends when the sender is dropped.
 pub(crate) fn spawn(
     core: Arc<Core>,
+    closed: CancellationToken,
     conn: Conn,
     driver: Driver,
     fixed: Fixed,
 ) -> mpsc::UnboundedSender<Request> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(rx, core, conn, driver, fixed));
+    tokio::spawn(run(rx, core, closed, conn, driver, fixed));
     tx
 }
 
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
     core: Arc<Core>,
+    closed: CancellationToken,
     mut conn: Conn,
     driver: Driver,
     fixed: Fixed,
 ) {
     let mut buf: Vec<Request> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut buf, MAX_BATCH).await > 0 {
-        // abandoned before anything was sent: nothing to do in Redis
+        // abandoned before anything was sent, or the handle closed: nothing to do in Redis
+        // (a dropped reply sender tells the acquire `Closed`)
+        if closed.is_cancelled() {
+            buf.clear();
+        }
         buf.retain(|r| !r.reply.is_closed());
         if buf.is_empty() {
             continue;
@@ -90,7 +98,7 @@ async fn run(
                 // its acquire was dropped while the call was in flight
                 driver.send(Msg::Release {
                     core: core.clone(),
-                    id: req.id,
+                    id: req.id.to_string(),
                 });
             }
         }

@@ -1,5 +1,5 @@
 //! The heartbeat: one task per semaphore handle that renews every local lease in one batched
-//! call, finds grants whose notification was lost, and declares permits lost in time.
+//! call (one per 512 waiters beyond the first 512), finds grants whose notification was lost, and declares permits lost in time.
 //!
 //! It wakes at the earliest of:
 //! - the renewal time of the holders (last renewal + renewal interval);
@@ -93,9 +93,18 @@ fn next_wakeup(sh: &SemShared) -> Option<Instant> {
     at
 }
 
-/// One batched renewal and check of every local holder and waiter.
+/// A local holder: its id and lease.
+type Holder = (String, Arc<LeaseState>);
+
+/// Most waiters renewed by one call. Every holder goes in the first call; thousands of
+/// waiters are spread over several calls, so that no call (its arguments and its reply,
+/// held in memory at once) grows with the number of waiters.
+const WAITERS_PER_CALL: usize = 512;
+
+/// One renewal and check of every local holder and waiter: one call, or one per
+/// [`WAITERS_PER_CALL`] waiters.
 async fn beat(sh: &Arc<SemShared>) {
-    let (holders, waiters): (Vec<(String, Arc<LeaseState>)>, Vec<String>) = {
+    let (holders, waiters): (Vec<Holder>, Vec<Arc<str>>) = {
         let st = sh.state.lock().unwrap();
         (
             st.holders
@@ -108,16 +117,63 @@ async fn beat(sh: &Arc<SemShared>) {
     if holders.is_empty() && waiters.is_empty() {
         return;
     }
-    let sent = Instant::now();
-    // Never wait for an answer past the moment a holder's lease could have expired.
-    let mut limit = sent + sh.client.response_timeout;
-    for (_, lease) in &holders {
-        limit = limit.min(deadline(sh, lease).max(sent + Duration::from_millis(1)));
+    let mut chunks = waiters.chunks(WAITERS_PER_CALL);
+    let first = renew_call(sh, &holders, chunks.next().unwrap_or_default()).await;
+    let mut poked = first.poked;
+    if first.ok {
+        for chunk in chunks {
+            let call = renew_call(sh, &[], chunk).await;
+            poked |= call.poked;
+            if !call.ok {
+                break; // retried as a whole later
+            }
+        }
     }
+    // Holders whose lease could have expired without a confirmed renewal are lost (those
+    // granted during the call included).
+    let current: Vec<Holder> = {
+        let st = sh.state.lock().unwrap();
+        st.holders
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect()
+    };
+    for (id, lease) in &current {
+        if deadline(sh, lease) <= Instant::now() {
+            lose(sh, id, lease, LostReason::Unreachable);
+        }
+    }
+    if poked {
+        // the pokes consumed above were meant for the loop as well
+        sh.poke.notify_one();
+    }
+}
+
+/// What one renewal call did.
+struct Call {
+    /// Redis answered.
+    ok: bool,
+    /// The heartbeat was poked meanwhile (the poke was consumed here).
+    poked: bool,
+}
+
+/// One renewal call for `holders` and `waiters`: confirms their leases, delivers grants and
+/// losses, and schedules the next check.
+async fn renew_call(sh: &Arc<SemShared>, holders: &[Holder], waiters: &[Arc<str>]) -> Call {
+    let sent = Instant::now();
+    // Never wait for an answer past the moment a holder's lease could have expired: every
+    // local holder's, not only those renewed by this call.
+    let holders_limit = |limit: Instant| {
+        let st = sh.state.lock().unwrap();
+        st.holders.values().fold(limit, |limit, lease| {
+            limit.min(deadline(sh, lease).max(sent + Duration::from_millis(1)))
+        })
+    };
+    let mut limit = holders_limit(sent + sh.client.response_timeout);
     let ids: Vec<&str> = holders
         .iter()
         .map(|(id, _)| id.as_str())
-        .chain(waiters.iter().map(String::as_str))
+        .chain(waiters.iter().map(|id| &**id))
         .collect();
     let mut conn = sh.client.conn.clone();
     let span = tracing::debug_span!(
@@ -138,9 +194,7 @@ async fn beat(sh: &Arc<SemShared>) {
             _ = tokio::time::sleep_until(limit) => break Err(()),
             _ = sh.poke.notified() => {
                 poked = true;
-                for lease in sh.state.lock().unwrap().holders.values() {
-                    limit = limit.min(deadline(sh, lease).max(sent + Duration::from_millis(1)));
-                }
+                limit = holders_limit(limit);
             }
         }
     };
@@ -171,33 +225,18 @@ async fn beat(sh: &Arc<SemShared>) {
                     EntryState::Waiting => sh.state.lock().unwrap().waiter_renewed(id, sent),
                 }
             }
+            Call { ok: true, poked }
         }
         Ok(Err(e)) => {
             tracing::warn!(semaphore = %sh.name(), error = %e, "heartbeat failed; retrying");
             sh.state.lock().unwrap().retry_at = Some(now + RETRY);
+            Call { ok: false, poked }
         }
         Err(_) => {
             tracing::warn!(semaphore = %sh.name(), "heartbeat timed out; retrying");
             sh.state.lock().unwrap().retry_at = Some(now + RETRY);
+            Call { ok: false, poked }
         }
-    }
-    // Holders whose lease could have expired without a confirmed renewal are lost (those
-    // granted during the call included).
-    let current: Vec<(String, Arc<LeaseState>)> = {
-        let st = sh.state.lock().unwrap();
-        st.holders
-            .iter()
-            .map(|(id, l)| (id.clone(), l.clone()))
-            .collect()
-    };
-    for (id, lease) in &current {
-        if deadline(sh, lease) <= Instant::now() {
-            lose(sh, id, lease, LostReason::Unreachable);
-        }
-    }
-    if poked {
-        // the pokes consumed above were meant for the loop as well
-        sh.poke.notify_one();
     }
 }
 

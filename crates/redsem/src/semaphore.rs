@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -192,8 +193,10 @@ impl SemaphoreBuilder {
             limit: AtomicU32::new(self.limit),
             publish: inner.publish,
         });
+        let closed = CancellationToken::new();
         let batch = batch::spawn(
             core.clone(),
+            closed.clone(),
             inner.conn.clone(),
             inner.driver.clone(),
             batch::Fixed {
@@ -212,7 +215,7 @@ impl SemaphoreBuilder {
             channel: channel.clone(),
             state: Mutex::new(Local::default()),
             poke: Arc::new(Notify::new()),
-            closed: CancellationToken::new(),
+            closed,
             stop: CancellationToken::new(),
             local_cap: self
                 .local_cap
@@ -251,11 +254,14 @@ fn default_label() -> String {
 /// What a pending acquire is told by whoever resolves it first (its own reply, the
 /// notifier, or the heartbeat).
 pub(crate) enum Outcome {
-    Granted(Grant, Arc<LeaseState>),
+    /// Boxed: every waiter's channel has room for one outcome, and few are grants at once.
+    Granted(Box<Grant>, Arc<LeaseState>),
     /// The request can never be satisfied (the limit shrank below it).
     Rejected,
     /// The ticket vanished from Redis (expired while this process was paused, or data loss).
     Lost,
+    /// The handle was closed ([`Semaphore::close`]).
+    Closed,
 }
 
 /// How an entry is resolved (see [`SemShared::deliver`]).
@@ -279,7 +285,8 @@ struct Waiter {
 
 /// This process's view of one semaphore handle: its waiters and holders.
 pub(crate) struct Local {
-    waiters: HashMap<String, Waiter>,
+    /// Keyed by the waiter's id, shared with its pending acquire (one allocation).
+    waiters: HashMap<Arc<str>, Waiter>,
     pub(crate) holders: HashMap<String, Arc<LeaseState>>,
     /// When the heartbeat should look again because a lease in Redis is due to expire.
     pub(crate) next_check: Option<Instant>,
@@ -306,7 +313,7 @@ impl Default for Local {
 
 impl Local {
     /// The waiters whose ticket Redis confirmed (only those can be renewed).
-    pub(crate) fn waiter_ids(&self) -> Vec<String> {
+    pub(crate) fn waiter_ids(&self) -> Vec<Arc<str>> {
         self.waiters
             .iter()
             .filter(|(_, w)| w.queued)
@@ -383,7 +390,7 @@ impl SemShared {
             Delivery::Granted(grant) => {
                 let lease = Arc::new(LeaseState::new(waiter.renewed_at));
                 st.holders.insert(id.to_owned(), lease.clone());
-                Outcome::Granted(grant, lease)
+                Outcome::Granted(Box::new(grant), lease)
             }
             Delivery::Rejected => Outcome::Rejected,
             Delivery::Lost => Outcome::Lost,
@@ -421,6 +428,18 @@ impl SemShared {
         self.poke.notify_one();
     }
 
+    /// Closes the handle: wakes every pending acquire with [`Outcome::Closed`] (they remove
+    /// their entries from Redis as they return). An acquire that registers later sees the
+    /// token cancelled under the same lock.
+    fn close(&self) {
+        self.closed.cancel();
+        let waiters = std::mem::take(&mut self.state.lock().unwrap().waiters);
+        for (_, w) in waiters {
+            let _ = w.tx.send(Outcome::Closed);
+        }
+        self.poke.notify_one();
+    }
+
     /// A permit's holder is done with it (released, dropped or lost).
     pub(crate) fn forget_holder(&self, id: &str) {
         self.state.lock().unwrap().holders.remove(id);
@@ -441,13 +460,20 @@ impl SemShared {
         format!("{}-{}", self.channel_suffix, &r[..12])
     }
 
-    /// One acquisition, traced (span `redsem.acquire`) and measured (feature `metrics`).
-    async fn acquire_inner(
+    /// One acquisition, traced (span `redsem.acquire`) and measured (feature `metrics`); in
+    /// synced mode, the grant is confirmed on enough replicas.
+    ///
+    /// Built from combinators rather than `async fn` layers: each layer would store its own
+    /// copy of the arguments (and of the result) in the future, and a waiting task carries
+    /// that future as long as it waits. The synced-mode step is boxed for the same reason.
+    fn acquire_inner(
         self: &Arc<Self>,
         n: u32,
         try_only: bool,
         deadline: Option<(Instant, Duration)>,
-    ) -> Result<Permit, Error> {
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
+        use futures_util::FutureExt as _;
+        use futures_util::future::{Either, ready};
         let span = tracing::debug_span!(
             "redsem.acquire",
             semaphore = %self.name(),
@@ -458,32 +484,36 @@ impl SemShared {
             slots = tracing::field::Empty,
         );
         let started = Instant::now();
-        let result = async {
-            let permit = self.acquire_untraced(n, try_only, deadline).await?;
-            // synced mode: the grant must be on enough replicas. Boxed, so that the common
-            // case does not carry its state in every (waiting) acquire future.
-            if self.client.synced.is_some() {
-                Box::pin(self.confirm_synced(permit)).await
-            } else {
-                Ok(permit)
-            }
-        }
-        .instrument(span.clone())
-        .await;
+        self.acquire_untraced(n, try_only, deadline)
+            .then(move |result| match result {
+                Ok(permit) if self.client.synced.is_some() => {
+                    Either::Left(Box::pin(self.confirm_synced(permit)))
+                }
+                other => Either::Right(ready(other)),
+            })
+            .map(move |result| {
+                self.record_acquire(&result, started);
+                result
+            })
+            .instrument(span)
+    }
+
+    /// Records the outcome of an acquisition in its span and metrics.
+    fn record_acquire(&self, result: &Result<Permit, Error>, started: Instant) {
         let waited = started.elapsed();
-        match &result {
+        match result {
             Ok(permit) => {
+                let span = tracing::Span::current();
                 span.record("ticket", permit.ticket());
                 span.record("slots", tracing::field::debug(permit.slots()));
-                tracing::debug!(parent: &span, waited_ms = waited.as_millis() as u64, "granted");
+                tracing::debug!(waited_ms = waited.as_millis() as u64, "granted");
                 crate::metrics::acquired(self.name(), waited);
             }
             Err(e) => {
-                tracing::debug!(parent: &span, error = %e, waited_ms = waited.as_millis() as u64, "acquire failed");
+                tracing::debug!(error = %e, waited_ms = waited.as_millis() as u64, "acquire failed");
                 crate::metrics::acquire_failed(self.name(), e);
             }
         }
-        result
     }
 
     async fn acquire_untraced(
@@ -508,6 +538,9 @@ impl SemShared {
             });
         }
         let timeout_err = || Error::Timeout(deadline.map(|d| d.1).unwrap_or_default());
+        // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
+        // future stays small (one per waiting task; see the benchmark's `memory` scenario).
+        let mut sleep = deadline.map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
         let local = match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
@@ -520,93 +553,91 @@ impl SemShared {
                     .try_acquire_many_owned(n)
                     .map_err(|_| Error::NoPermits)?,
             ),
-            Some((_, sem)) => {
-                let fut = sem.clone().acquire_many_owned(n);
-                let permit = tokio::select! {
-                    p = fut => p.map_err(|_| Error::Closed)?,
-                    _ = self.closed.cancelled() => return Err(Error::Closed),
-                    _ = sleep_until_opt(deadline.map(|d| d.0)) => return Err(timeout_err()),
-                };
-                Some(permit)
-            }
+            // boxed: its state is not carried by every acquire future
+            Some((_, sem)) => Some(
+                Box::pin(self.local_permit(sem, n, sleep.as_mut()))
+                    .await
+                    .map_err(|timed_out| {
+                        if timed_out {
+                            timeout_err()
+                        } else {
+                            Error::Closed
+                        }
+                    })?,
+            ),
         };
         loop {
-            let mut pending = Pending::new(self, try_only);
-            tracing::Span::current().record("holder", pending.id.as_str());
-            let (tx, rx) = oneshot::channel();
-            let request = batch::Request {
-                id: pending.id.clone(),
-                n,
-                try_only,
-                reply: tx,
-            };
-            // before the request can reach Redis: the lease of a try-mode grant starts later
-            let sent = Instant::now();
-            if self.batch.send(request).is_err() {
-                return Err(Error::Closed);
-            }
-            let reply = tokio::select! {
-                r = rx => match r {
-                    Ok(r) => r.map_err(|e| Error::from_redis(e, self.name()))?,
-                    Err(_) => return Err(Error::Closed),
-                },
-                _ = self.closed.cancelled() => return Err(Error::Closed),
-                _ = sleep_until_opt(deadline.map(|d| d.0)) => return Err(timeout_err()),
-            };
-            match reply {
-                AcquireReply::Granted(grant) if try_only => {
-                    if self.lease_may_have_ended(sent) {
-                        // the reply came too late to trust the grant: give it back
+            let mut pending = Pending::new(self, try_only)?;
+            tracing::Span::current().record("holder", &*pending.id);
+            // Scoped, and the call boxed like the local cap: only the wait below lives as
+            // long as the queue.
+            {
+                // before the request can reach Redis: the lease of a try-mode grant starts later
+                let sent = Instant::now();
+                let reply = Box::pin(self.send_request(&pending.id, n, try_only, sleep.as_mut()))
+                    .await
+                    .map_err(|e| e.unwrap_or_else(timeout_err))?;
+                match reply {
+                    AcquireReply::Granted(grant) if try_only => {
+                        if self.lease_may_have_ended(sent) {
+                            // the reply came too late to trust the grant: give it back
+                            let id = pending.disarm();
+                            self.release_in_background(id);
+                            return Err(Error::Unreachable(BackendError::timed_out(format!(
+                                "the grant of semaphore {:?} came back after its lease could have ended",
+                                self.name()
+                            ))));
+                        }
+                        let lease = Arc::new(LeaseState::new(sent));
+                        self.state
+                            .lock()
+                            .unwrap()
+                            .holders
+                            .insert(pending.id.to_string(), lease.clone());
+                        self.poke.notify_one();
                         let id = pending.disarm();
-                        self.release_in_background(id);
-                        return Err(Error::Unreachable(BackendError::timed_out(format!(
-                            "the grant of semaphore {:?} came back after its lease could have ended",
-                            self.name()
-                        ))));
+                        return Ok(Permit::new(self.clone(), id, n, *grant, lease, local));
                     }
-                    let lease = Arc::new(LeaseState::new(sent));
-                    self.state
-                        .lock()
-                        .unwrap()
-                        .holders
-                        .insert(pending.id.clone(), lease.clone());
-                    self.poke.notify_one();
-                    let id = pending.disarm();
-                    return Ok(Permit::new(self.clone(), id, n, grant, lease, local));
-                }
-                AcquireReply::Granted(grant) => self.deliver(&pending.id, Delivery::Granted(grant)),
-                AcquireReply::Queued {
-                    ticket,
-                    next_expiry_ms,
-                } => {
-                    tracing::Span::current().record("ticket", ticket);
-                    tracing::debug!(ticket, "waiting in the queue");
-                    if let Some(w) = self.state.lock().unwrap().waiters.get_mut(&pending.id) {
-                        w.queued = true;
+                    AcquireReply::Granted(grant) => {
+                        self.deliver(&pending.id, Delivery::Granted(*grant))
                     }
-                    self.schedule_check(next_expiry_ms)
-                }
-                AcquireReply::NoCapacity => {
-                    pending.disarm();
-                    return Err(Error::NoPermits);
-                }
-                AcquireReply::TooMany { limit } => {
-                    pending.disarm();
-                    self.core.limit.store(limit, Ordering::Relaxed);
-                    return Err(Error::TooManyPermits {
-                        requested: n,
-                        limit,
-                    });
+                    AcquireReply::Queued {
+                        ticket,
+                        next_expiry_ms,
+                    } => {
+                        tracing::Span::current().record("ticket", ticket);
+                        tracing::debug!(ticket, "waiting in the queue");
+                        if let Some(w) = self.state.lock().unwrap().waiters.get_mut(&pending.id) {
+                            w.queued = true;
+                        }
+                        self.schedule_check(next_expiry_ms)
+                    }
+                    AcquireReply::NoCapacity => {
+                        pending.disarm();
+                        return Err(Error::NoPermits);
+                    }
+                    AcquireReply::TooMany { limit } => {
+                        pending.disarm();
+                        self.core.limit.store(limit, Ordering::Relaxed);
+                        return Err(Error::TooManyPermits {
+                            requested: n,
+                            limit,
+                        });
+                    }
                 }
             }
             let rx = pending
                 .rx
                 .as_mut()
                 .expect("a waiting acquire has a receiver");
-            let outcome = tokio::select! {
-                o = rx => o,
-                _ = self.closed.cancelled() => return Err(Error::Closed),
-                _ = sleep_until_opt(deadline.map(|d| d.0)) => return Err(timeout_err()),
+            // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
+            // the token here.
+            let outcome = match sleep.as_mut() {
+                None => rx.await,
+                Some(sleep) => tokio::select! {
+                    o = rx => o,
+                    _ = sleep => return Err(timeout_err()),
+                },
             };
             match outcome {
                 Ok(Outcome::Granted(grant, lease)) => {
@@ -620,7 +651,7 @@ impl SemShared {
                         self.release_in_background(id);
                         continue;
                     }
-                    return Ok(Permit::new(self.clone(), id, n, grant, lease, local));
+                    return Ok(Permit::new(self.clone(), id, n, *grant, lease, local));
                 }
                 Ok(Outcome::Rejected) => {
                     pending.disarm();
@@ -629,6 +660,8 @@ impl SemShared {
                         limit: self.limit(),
                     });
                 }
+                // armed: dropping `pending` removes the entry from Redis
+                Ok(Outcome::Closed) => return Err(Error::Closed),
                 // The ticket vanished (paused past its lease, or Redis lost its data):
                 // queue again, at the back.
                 Ok(Outcome::Lost) | Err(_) => {
@@ -639,11 +672,57 @@ impl SemShared {
             }
         }
     }
+
+    /// Waits for `n` permits of this process's local cap. `Err(true)`: the deadline passed;
+    /// `Err(false)`: the handle was closed.
+    async fn local_permit(
+        &self,
+        sem: &Arc<tokio::sync::Semaphore>,
+        n: u32,
+        sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, bool> {
+        tokio::select! {
+            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| false),
+            _ = self.closed.cancelled() => Err(false),
+            _ = sleep_opt(sleep) => Err(true),
+        }
+    }
+
+    /// Hands one request to the batching task and waits for its reply. `Err(None)`: the
+    /// deadline passed. After [`close`](Self::close), the batching task answers a request it
+    /// has not sent yet with `Closed` (one already sent returns with its call): watching the
+    /// token here too would make every request's future larger.
+    async fn send_request(
+        &self,
+        id: &Arc<str>,
+        n: u32,
+        try_only: bool,
+        sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>,
+    ) -> Result<AcquireReply, Option<Error>> {
+        let (tx, rx) = oneshot::channel();
+        let request = batch::Request {
+            id: id.clone(),
+            n,
+            try_only,
+            reply: tx,
+        };
+        if self.batch.send(request).is_err() {
+            return Err(Some(Error::Closed));
+        }
+        tokio::select! {
+            r = rx => match r {
+                Ok(r) => r.map_err(|e| Some(Error::from_redis(e, self.name()))),
+                Err(_) => Err(Some(Error::Closed)),
+            },
+            _ = sleep_opt(sleep) => Err(None),
+        }
+    }
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
+/// Waits for `sleep`, or forever without one.
+async fn sleep_opt(sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>) {
+    match sleep {
+        Some(sleep) => sleep.await,
         None => std::future::pending().await,
     }
 }
@@ -654,19 +733,24 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// and releases a grant that arrived meanwhile.
 struct Pending<'a> {
     shared: &'a Arc<SemShared>,
-    id: String,
+    id: Arc<str>,
     rx: Option<oneshot::Receiver<Outcome>>,
     armed: bool,
 }
 
 impl<'a> Pending<'a> {
-    fn new(shared: &'a Arc<SemShared>, try_only: bool) -> Pending<'a> {
-        let id = shared.new_id();
+    /// Registers the waiter (not for a try). `Err(Closed)` if the handle is closed: checked
+    /// under the lock that [`SemShared::close`] takes to wake the waiters, so none is missed.
+    fn new(shared: &'a Arc<SemShared>, try_only: bool) -> Result<Pending<'a>, Error> {
+        let id: Arc<str> = shared.new_id().into();
         let rx = if try_only {
             None
         } else {
             let (tx, rx) = oneshot::channel();
             let mut st = shared.state.lock().unwrap();
+            if shared.closed.is_cancelled() {
+                return Err(Error::Closed);
+            }
             if st.waiters.is_empty() {
                 st.waiters_checked_at = Instant::now();
             }
@@ -683,17 +767,17 @@ impl<'a> Pending<'a> {
             shared.poke.notify_one();
             Some(rx)
         };
-        Pending {
+        Ok(Pending {
             shared,
             id,
             rx,
             armed: true,
-        }
+        })
     }
 
     fn disarm(&mut self) -> String {
         self.armed = false;
-        std::mem::take(&mut self.id)
+        self.id.to_string()
     }
 }
 
@@ -707,13 +791,12 @@ impl Drop for Pending<'_> {
             if st.waiters.remove(&self.id).is_none() {
                 // resolved meanwhile: a grant sits in the channel, nobody will take it
                 if let Some(Ok(Outcome::Granted(..))) = self.rx.as_mut().map(|rx| rx.try_recv()) {
-                    st.holders.remove(&self.id);
+                    st.holders.remove(&*self.id);
                 }
             }
         }
         // The script may have run even if its reply was lost: remove whatever exists.
-        self.shared
-            .release_in_background(std::mem::take(&mut self.id));
+        self.shared.release_in_background(self.id.to_string());
     }
 }
 
@@ -904,7 +987,7 @@ impl Semaphore {
     /// [`Error::Closed`]. Held permits stay valid until dropped. Other processes are not
     /// affected.
     pub fn close(&self) {
-        self.shared.closed.cancel();
+        self.shared.close();
     }
 
     /// Whether [`close`](Self::close) was called.

@@ -115,6 +115,79 @@ async fn a_waiter_in_a_process_that_holds_nothing_keeps_its_place_longer_than_th
     }
 }
 
+/// The heartbeat renews at most 512 waiters per call: with more, every chunk must be renewed,
+/// or the waiters beyond the first chunk expire and queue again at the back.
+#[tokio::test]
+async fn more_waiters_than_one_renewal_call_carries_all_keep_their_place() {
+    const WAITERS: i64 = 1200;
+    for server in servers() {
+        let lease = Duration::from_millis(500);
+        let holder_client = client(&server).await;
+        let held = open(&holder_client, "many-waiters", 1, lease)
+            .await
+            .acquire()
+            .await
+            .unwrap();
+        let waiter_client = client(&server).await;
+        let sem = open(&waiter_client, "many-waiters", 1, lease).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..WAITERS {
+            let sem = sem.clone();
+            tasks.spawn(async move { sem.acquire().await.map(|p| p.ticket()) });
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || card(
+                &server,
+                "many-waiters",
+                "queue"
+            ) == WAITERS)
+            .await
+        );
+        let tickets_before: Vec<u64> = {
+            let mut t: Vec<u64> = sem
+                .stats()
+                .await
+                .unwrap()
+                .waiters
+                .iter()
+                .map(|w| w.ticket)
+                .collect();
+            t.sort_unstable();
+            t
+        };
+        tokio::time::sleep(lease * 4).await;
+        let st = sem.stats().await.unwrap();
+        assert_eq!(
+            st.expired_total,
+            0,
+            "{}: waiters expired while their process was renewing them",
+            server.flavor()
+        );
+        let mut tickets_after: Vec<u64> = st.waiters.iter().map(|w| w.ticket).collect();
+        tickets_after.sort_unstable();
+        assert_eq!(
+            tickets_after,
+            tickets_before,
+            "{}: waiters were re-queued",
+            server.flavor()
+        );
+        // they are all still served, in ticket order
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        drop(held);
+        assert!(
+            eventually(Duration::from_secs(10), || card(
+                &server,
+                "many-waiters",
+                "queue"
+            ) == 0)
+            .await,
+            "{}: cancelled waiters left entries in Redis",
+            server.flavor()
+        );
+    }
+}
+
 #[tokio::test]
 async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
     for server in servers() {

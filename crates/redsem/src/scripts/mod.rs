@@ -207,7 +207,8 @@ pub(crate) struct Grant {
 /// Reply of `acquire.lua`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Granted(Grant),
+    /// Boxed: the reply travels through a channel per request, sized for the largest variant.
+    Granted(Box<Grant>),
     Queued {
         ticket: u64,
         next_expiry_ms: Option<u64>,
@@ -253,7 +254,7 @@ pub(crate) async fn acquire(
         .map(|r| {
             let items = array(r)?;
             Ok(match int(items.first())? {
-                1 => AcquireReply::Granted(grant(items)?),
+                1 => AcquireReply::Granted(Box::new(grant(items)?)),
                 0 => AcquireReply::Queued {
                     ticket: int(items.get(1))? as u64,
                     next_expiry_ms: expiry(int(items.get(2))?),
