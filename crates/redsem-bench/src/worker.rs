@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
-use crate::designs::{AcquireError, DesignKind, Params, Semaphore};
+use crate::designs::{AcquireError, DesignKind, Params, Permit, Semaphore};
 
 /// Command-line (and environment) of the worker mode.
 #[derive(Clone, Debug, clap::Args)]
@@ -105,6 +105,83 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     rt.block_on(run_async(args))
 }
 
+/// What one task needs to run its jobs.
+struct Job {
+    sem: Arc<Semaphore>,
+    wid: u32,
+    hold: Duration,
+    announce: bool,
+    errors_total: Arc<AtomicU64>,
+    release_errors: Arc<AtomicU64>,
+}
+
+impl Job {
+    /// One job: acquire (retrying errors), hold, release, report. Built from combinators so
+    /// that a waiting task carries only the acquire's state, not the holding phase's (the
+    /// `memory` scenario measures the cost of a waiting task): the holding phase is a
+    /// separate allocation that exists only once the permit is granted.
+    fn run(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        use futures_util::FutureExt as _;
+        let req_ns = now_ns();
+        self.acquire()
+            .then(move |(permit, errors)| Box::pin(self.hold_and_release(permit, errors, req_ns)))
+    }
+
+    /// Acquires, retrying errors; returns the permit and the number of errors.
+    async fn acquire(&self) -> (Permit, u64) {
+        let mut errors = 0u64;
+        loop {
+            let retry_later = match self.sem.acquire().await {
+                Ok(p) => return (p, errors),
+                Err(e) => {
+                    errors += 1;
+                    self.errors_total.fetch_add(1, Ordering::Relaxed);
+                    eprintln!(
+                        "{}",
+                        json!({"event": "acquire_error", "worker": self.wid, "error": e.to_string()})
+                    );
+                    !matches!(e, AcquireError::LeaseExpired)
+                }
+            };
+            if retry_later {
+                // boxed: the timer is not carried by every waiting task
+                Box::pin(tokio::time::sleep(Duration::from_millis(10))).await;
+            }
+        }
+    }
+
+    async fn hold_and_release(&self, permit: Permit, errors: u64, req_ns: u64) {
+        let acq_ns = now_ns();
+        if self.announce {
+            emit(&json!({"event": "acquired", "acq_ns": acq_ns}));
+        }
+        if !self.hold.is_zero() {
+            tokio::time::sleep(self.hold).await;
+        }
+        let rel_ns = now_ns();
+        if let Err(e) = self.sem.release(permit).await {
+            self.release_errors.fetch_add(1, Ordering::Relaxed);
+            eprintln!(
+                "{}",
+                json!({"event": "release_error", "worker": self.wid, "error": format!("{e:#}")})
+            );
+        }
+        let done_ns = now_ns();
+        let mut line = json!({
+            "wait_ms": (acq_ns - req_ns) as f64 / 1e6,
+            "acq_ns": acq_ns,
+            "rel_ns": rel_ns,
+            "req_ns": req_ns,
+            "done_ns": done_ns,
+            "worker": self.wid,
+        });
+        if errors > 0 {
+            line["errors"] = json!(errors);
+        }
+        emit(&line);
+    }
+}
+
 async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.limit >= 1, "--limit must be >= 1");
     anyhow::ensure!(a.workers >= 1, "--workers must be >= 1");
@@ -138,59 +215,25 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
     let hold = Duration::from_secs_f64(a.hold_ms / 1000.0);
     let mut tasks = tokio::task::JoinSet::new();
     for wid in 0..a.workers {
-        let sem = sem.clone();
+        let job = Job {
+            sem: sem.clone(),
+            wid,
+            hold,
+            announce: a.announce,
+            errors_total: errors_total.clone(),
+            release_errors: release_errors.clone(),
+        };
         let remaining = remaining.clone();
-        let errors_total = errors_total.clone();
-        let release_errors = release_errors.clone();
-        let announce = a.announce;
+        if wid == 0 {
+            eprintln!(
+                "ZZ run {} acquire {}",
+                std::mem::size_of_val(&job.run()),
+                std::mem::size_of_val(&job.acquire())
+            );
+        }
         tasks.spawn(async move {
             while remaining.fetch_sub(1, Ordering::SeqCst) > 0 {
-                let mut errors = 0u64;
-                let req_ns = now_ns();
-                let permit = loop {
-                    match sem.acquire().await {
-                        Ok(p) => break p,
-                        Err(e) => {
-                            errors += 1;
-                            errors_total.fetch_add(1, Ordering::Relaxed);
-                            eprintln!(
-                                "{}",
-                                json!({"event": "acquire_error", "worker": wid, "error": e.to_string()})
-                            );
-                            if !matches!(e, AcquireError::LeaseExpired) {
-                                tokio::time::sleep(Duration::from_millis(10)).await;
-                            }
-                        }
-                    }
-                };
-                let acq_ns = now_ns();
-                if announce {
-                    emit(&json!({"event": "acquired", "acq_ns": acq_ns}));
-                }
-                if !hold.is_zero() {
-                    tokio::time::sleep(hold).await;
-                }
-                let rel_ns = now_ns();
-                if let Err(e) = sem.release(permit).await {
-                    release_errors.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
-                        "{}",
-                        json!({"event": "release_error", "worker": wid, "error": format!("{e:#}")})
-                    );
-                }
-                let done_ns = now_ns();
-                let mut line = json!({
-                    "wait_ms": (acq_ns - req_ns) as f64 / 1e6,
-                    "acq_ns": acq_ns,
-                    "rel_ns": rel_ns,
-                    "req_ns": req_ns,
-                    "done_ns": done_ns,
-                    "worker": wid,
-                });
-                if errors > 0 {
-                    line["errors"] = json!(errors);
-                }
-                emit(&line);
+                job.run().await;
             }
         });
     }
