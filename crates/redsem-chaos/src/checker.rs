@@ -1217,10 +1217,12 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         // unseen (between two snapshots) while its process did not run?
         let died = w.killed_at.is_some_and(|k| k <= end);
         let halted = overlaps(&logs.halts(o.worker), s_valid - t.lease, end);
+        // Redis loses its data when it dies, not when the restart begins: a grant received
+        // between the two (its script ran before the kill) may be gone too
         let data_lost = logs
             .restarts
             .iter()
-            .any(|rs| rs.start >= s_valid && rs.start <= end);
+            .any(|rs| rs.dead >= s_valid && rs.start <= end);
         let evicted = o
             .holder
             .as_ref()
