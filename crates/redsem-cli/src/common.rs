@@ -70,13 +70,14 @@ impl Failure {
 /// A library error as a person reads it.
 pub fn describe(e: &redsem::Error) -> String {
     match e {
-        redsem::Error::UnknownSemaphore { name, prefix } => format!(
+        redsem::Error::UnknownSemaphore { name, prefix, .. } => format!(
             "unknown semaphore {name:?}: nothing under key prefix {prefix:?} (check the name, --prefix and --redis-url; `redsem list` shows what exists)"
         ),
         redsem::Error::LimitConflict {
             name,
             requested,
             stored,
+            ..
         } => format!(
             "semaphore {name:?} exists with limit {stored}, not {requested}: pass --limit {stored}, or change it for everyone with `redsem limit {name} {requested}`"
         ),

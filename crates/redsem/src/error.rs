@@ -46,6 +46,7 @@ pub enum Error {
     #[error(
         "semaphore {name:?} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it"
     )]
+    #[non_exhaustive]
     LimitConflict {
         /// The semaphore's name.
         name: String,
@@ -58,6 +59,7 @@ pub enum Error {
     /// More permits were requested at once than the semaphore's limit: such a request could
     /// never be granted.
     #[error("requested {requested} permits at once, but the limit is {limit}")]
+    #[non_exhaustive]
     TooManyPermits {
         /// Permits requested.
         requested: u32,
@@ -89,6 +91,7 @@ pub enum Error {
     #[error(
         "no semaphore named {name:?} under key prefix {prefix:?} (check the name and the key prefix)"
     )]
+    #[non_exhaustive]
     UnknownSemaphore {
         /// The semaphore's name.
         name: String,
@@ -101,6 +104,7 @@ pub enum Error {
     #[error(
         "a key of semaphore {name:?} holds another type of value ({detail}): use another name or key prefix"
     )]
+    #[non_exhaustive]
     WrongType {
         /// The semaphore's name.
         name: String,
@@ -112,6 +116,7 @@ pub enum Error {
     /// (a newer client, or another implementation; see `docs/PROTOCOL.md`). Nothing was
     /// changed. Use a client that speaks that version, or recreate the semaphore.
     #[error("semaphore {name:?}: {detail}")]
+    #[non_exhaustive]
     ProtocolMismatch {
         /// The semaphore's name.
         name: String,
@@ -136,6 +141,7 @@ pub enum Error {
     #[error(
         "semaphore {name:?}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)"
     )]
+    #[non_exhaustive]
     NotReplicated {
         /// The semaphore's name.
         name: String,

@@ -51,7 +51,8 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         sem.acquire_many(3).await,
         Err(Error::TooManyPermits {
             requested: 3,
-            limit: 2
+            limit: 2,
+            ..
         })
     ));
     assert!(matches!(

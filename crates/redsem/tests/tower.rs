@@ -353,7 +353,8 @@ async fn weighted_requests_take_several_permits() {
             err.downcast_ref::<redsem::Error>(),
             Some(redsem::Error::TooManyPermits {
                 requested: 4,
-                limit: 3
+                limit: 3,
+                ..
             })
         ),
         "{err}"
