@@ -984,8 +984,9 @@ impl Semaphore {
 
     /// Closes this handle and its clones in this process, like
     /// [`tokio::sync::Semaphore::close`]: pending and future acquires fail with
-    /// [`Error::Closed`]. Held permits stay valid until dropped. Other processes are not
-    /// affected.
+    /// [`Error::Closed`] (one whose script call is in flight, once that call returns) and
+    /// their entries are removed from Redis in the background. Held permits stay valid until
+    /// dropped. Other processes are not affected.
     pub fn close(&self) {
         self.shared.close();
     }
