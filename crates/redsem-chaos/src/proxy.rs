@@ -10,19 +10,20 @@
 //! latency, and refusal of new connections.
 //!
 //! (`test_support::FaultProxy` has the same faults for every connection at once; this one
-//! adds the per-connection classes the chaos run needs.)
+//! adds the per-connection classes the chaos run needs, and forwards with the same
+//! [`relay`].)
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use test_support::proxy::{Faults, relay, reset};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// Which of a client's two connections.
@@ -205,100 +206,24 @@ async fn serve(
     if let Some(c) = shared.conns.lock().unwrap().get_mut(&id) {
         c.0 = Some(class);
     }
-    let mut upstream = tokio::select! {
-        _ = &mut severed => return reset(&client),
-        up = TcpStream::connect(shared.upstream) => match up {
-            Ok(up) => up,
-            Err(_) => return reset(&client),
-        },
-    };
-    let _ = upstream.set_nodelay(true);
-    let cut = {
-        let (cr, cw) = client.split();
-        let (ur, uw) = upstream.split();
-        let relay = async {
-            let down = pipe(ur, cw, shared, class, Vec::new());
-            tokio::pin!(down);
-            tokio::select! {
-                _ = &mut down => {}
-                up = pipe(cr, uw, shared, class, first) => if up.is_ok() {
-                    let _ = down.await;
-                }
-            }
-        };
-        tokio::select! {
-            _ = &mut severed => true,
-            _ = relay => false,
-        }
-    };
-    if cut {
-        reset(&client);
-        reset(&upstream);
-    }
+    let faults = ClassFaults { shared, class };
+    relay(client, shared.upstream, &mut severed, &faults, first).await;
 }
 
-/// Forwards `from` to `to` until EOF (then half-closes `to`), honouring the faults of
-/// `class`. `first` is forwarded before anything read from `from`.
-async fn pipe(
-    mut from: impl AsyncRead + Unpin,
-    mut to: impl AsyncWrite + Unpin,
-    shared: &Shared,
+/// The faults of one connection: those of its class.
+struct ClassFaults<'a> {
+    shared: &'a Shared,
     class: Class,
-    first: Vec<u8>,
-) -> io::Result<()> {
-    let (tx, mut rx) = mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(16);
-    let read = async move {
-        if !first.is_empty() && tx.send((tokio::time::Instant::now(), first)).await.is_err() {
-            return Ok(());
-        }
-        let mut buf = vec![0; 16 * 1024];
-        loop {
-            until_open(shared, class).await;
-            let n = from.read(&mut buf).await?;
-            if n == 0
-                || tx
-                    .send((tokio::time::Instant::now(), buf[..n].to_vec()))
-                    .await
-                    .is_err()
-            {
-                return Ok::<_, io::Error>(());
-            }
-        }
-    };
-    let write = async move {
-        while let Some((read_at, chunk)) = rx.recv().await {
-            let delay = Duration::from_micros(shared.latency_us.load(Ordering::SeqCst));
-            if !delay.is_zero() {
-                tokio::time::sleep_until(read_at + delay).await;
-            }
-            until_open(shared, class).await;
-            to.write_all(&chunk).await?;
-        }
-        to.shutdown().await
-    };
-    tokio::try_join!(read, write).map(|_| ())
 }
 
-async fn until_open(shared: &Shared, class: Class) {
-    let mut rx = shared.blackhole[class.index()].subscribe();
-    let _ = rx.wait_for(|on| !on).await;
-}
+impl Faults for ClassFaults<'_> {
+    fn latency(&self) -> Duration {
+        Duration::from_micros(self.shared.latency_us.load(Ordering::SeqCst))
+    }
 
-/// Closes with RST instead of FIN (`SO_LINGER` 0) when the socket is dropped.
-fn reset(stream: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt on a socket we own, with a correctly sized option value.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            size_of::<libc::linger>() as libc::socklen_t,
-        );
+    async fn until_open(&self) {
+        let mut rx = self.shared.blackhole[self.class.index()].subscribe();
+        let _ = rx.wait_for(|on| !on).await;
     }
 }
 

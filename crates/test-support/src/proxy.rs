@@ -199,10 +199,43 @@ impl Drop for Guard<'_> {
     }
 }
 
-async fn proxy(mut client: TcpStream, shared: &Shared, mut severed: oneshot::Receiver<()>) {
+async fn proxy(client: TcpStream, shared: &Shared, mut severed: oneshot::Receiver<()>) {
+    relay(client, shared.upstream, &mut severed, shared, Vec::new()).await;
+}
+
+impl Faults for Shared {
+    fn latency(&self) -> Duration {
+        Duration::from_micros(self.latency_us.load(Ordering::SeqCst))
+    }
+
+    async fn until_open(&self) {
+        let mut rx = self.blackhole.subscribe();
+        let _ = rx.wait_for(|on| !on).await;
+    }
+}
+
+/// The faults a [`relay`] honours, as its proxy sets them.
+pub trait Faults: Sync {
+    /// Added to the time every chunk was read before it is written on.
+    fn latency(&self) -> Duration;
+    /// Returns once forwarding is allowed (not black-holed).
+    fn until_open(&self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Connects to `upstream` and forwards `client` to it both ways, honouring `faults`, until
+/// either side ends or `severed` fires (then both sockets are reset). `first`: bytes already
+/// read from the client, forwarded first. Shared with the chaos runner's per-connection
+/// proxy.
+pub async fn relay(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    severed: &mut oneshot::Receiver<()>,
+    faults: &impl Faults,
+    first: Vec<u8>,
+) {
     let mut upstream = tokio::select! {
-        _ = &mut severed => return reset(&client),
-        up = TcpStream::connect(shared.upstream) => match up {
+        _ = &mut *severed => return reset(&client),
+        up = TcpStream::connect(upstream) => match up {
             Ok(up) => up,
             Err(_) => return reset(&client),
         },
@@ -214,17 +247,17 @@ async fn proxy(mut client: TcpStream, shared: &Shared, mut severed: oneshot::Rec
         // Servers never half-close: when the upstream side ends, the connection ends. When
         // the client half-closes, the upstream gets to answer before it closes.
         let relay = async {
-            let down = pipe(ur, cw, shared);
+            let down = pipe(ur, cw, faults, Vec::new());
             tokio::pin!(down);
             tokio::select! {
                 _ = &mut down => {}
-                up = pipe(cr, uw, shared) => if up.is_ok() {
+                up = pipe(cr, uw, faults, first) => if up.is_ok() {
                     let _ = down.await;
                 }
             }
         };
         tokio::select! {
-            _ = &mut severed => true,
+            _ = &mut *severed => true,
             _ = relay => false,
         }
     };
@@ -234,17 +267,22 @@ async fn proxy(mut client: TcpStream, shared: &Shared, mut severed: oneshot::Rec
     }
 }
 
-/// Forwards `from` to `to` until EOF (then half-closes `to`), honouring the faults.
+/// Forwards `from` to `to` until EOF (then half-closes `to`), honouring the faults. `first`
+/// is forwarded before anything read from `from`.
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
-    shared: &Shared,
+    faults: &impl Faults,
+    first: Vec<u8>,
 ) -> io::Result<()> {
     let (tx, mut rx) = mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(16);
     let read = async move {
+        if !first.is_empty() && tx.send((tokio::time::Instant::now(), first)).await.is_err() {
+            return Ok(());
+        }
         let mut buf = vec![0; 16 * 1024];
         loop {
-            shared.until_open().await;
+            faults.until_open().await;
             let n = from.read(&mut buf).await?;
             if n == 0
                 || tx
@@ -258,9 +296,11 @@ async fn pipe(
     };
     let write = async move {
         while let Some((read_at, chunk)) = rx.recv().await {
-            let delay = Duration::from_micros(shared.latency_us.load(Ordering::SeqCst));
-            tokio::time::sleep_until(read_at + delay).await;
-            shared.until_open().await;
+            let delay = faults.latency();
+            if !delay.is_zero() {
+                tokio::time::sleep_until(read_at + delay).await;
+            }
+            faults.until_open().await;
             to.write_all(&chunk).await?;
         }
         to.shutdown().await
@@ -268,15 +308,8 @@ async fn pipe(
     tokio::try_join!(read, write).map(|_| ())
 }
 
-impl Shared {
-    async fn until_open(&self) {
-        let mut rx = self.blackhole.subscribe();
-        let _ = rx.wait_for(|on| !on).await;
-    }
-}
-
 /// Closes with RST instead of FIN (`SO_LINGER` 0) when the socket is dropped.
-fn reset(stream: &TcpStream) {
+pub fn reset(stream: &TcpStream) {
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,
