@@ -1218,11 +1218,14 @@ fn stale_beliefs(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         let died = w.killed_at.is_some_and(|k| k <= end);
         let halted = overlaps(&logs.halts(o.worker), s_valid - t.lease, end);
         // Redis loses its data when it dies, not when the restart begins: a grant received
-        // between the two (its script ran before the kill) may be gone too
-        let data_lost = logs
-            .restarts
-            .iter()
-            .any(|rs| rs.dead >= s_valid && rs.start <= end);
+        // between the two (its script ran before the kill) may be gone too. So may a grant
+        // whose acquisition spanned the restart and that the new Redis did not hold (the
+        // runner could not tell its incarnation: `hold … ?`), even if its reply or
+        // notification was read after Redis died.
+        let unknown_epoch = matches!(logs.holds.get(&o.name), Some(None));
+        let data_lost = logs.restarts.iter().any(|rs| {
+            rs.start <= end && (rs.dead >= s_valid || (unknown_epoch && rs.dead >= o.begin))
+        });
         let evicted = o
             .holder
             .as_ref()
