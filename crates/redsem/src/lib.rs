@@ -61,7 +61,8 @@
 //! batching task per open semaphore handle. Per acquisition: at most one script call
 //! (acquisitions made while a call is in flight share the next one), plus at most one to
 //! release (background releases are batched too). Per process and semaphore: one batched renewal call per renewal
-//! interval while holding, and per fallback interval while waiting.
+//! interval while holding, and per fallback interval while waiting (one more per 512 waiters
+//! beyond the first 512).
 //!
 //! # Feature flags
 //!
