@@ -1,5 +1,6 @@
 //! The heartbeat: one task per semaphore handle that renews every local lease in one batched
-//! call (one per 512 waiters beyond the first 512), finds grants whose notification was lost, and declares permits lost in time.
+//! call (one more per 512 waiters beyond the first 512), finds grants whose notification was
+//! lost, and declares permits lost in time.
 //!
 //! It wakes at the earliest of:
 //! - the renewal time of the holders (last renewal + renewal interval);

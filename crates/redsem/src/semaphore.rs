@@ -537,10 +537,12 @@ impl SemShared {
                 limit,
             });
         }
-        let timeout_err = || Error::Timeout(deadline.map(|d| d.1).unwrap_or_default());
         // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
         // future stays small (one per waiting task; see the benchmark's `memory` scenario).
-        let mut sleep = deadline.map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
+        let mut deadline = deadline.map(|(at, timeout)| Deadline {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            timeout,
+        });
         let local = match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
@@ -554,17 +556,7 @@ impl SemShared {
                     .map_err(|_| Error::NoPermits)?,
             ),
             // boxed: its state is not carried by every acquire future
-            Some((_, sem)) => Some(
-                Box::pin(self.local_permit(sem, n, sleep.as_mut()))
-                    .await
-                    .map_err(|timed_out| {
-                        if timed_out {
-                            timeout_err()
-                        } else {
-                            Error::Closed
-                        }
-                    })?,
-            ),
+            Some((_, sem)) => Some(Box::pin(self.local_permit(sem, n, deadline.as_mut())).await?),
         };
         loop {
             let mut pending = Pending::new(self, try_only)?;
@@ -574,9 +566,9 @@ impl SemShared {
             {
                 // before the request can reach Redis: the lease of a try-mode grant starts later
                 let sent = Instant::now();
-                let reply = Box::pin(self.send_request(&pending.id, n, try_only, sleep.as_mut()))
-                    .await
-                    .map_err(|e| e.unwrap_or_else(timeout_err))?;
+                let reply =
+                    Box::pin(self.send_request(&pending.id, n, try_only, deadline.as_mut()))
+                        .await?;
                 match reply {
                     AcquireReply::Granted(grant) if try_only => {
                         if self.lease_may_have_ended(sent) {
@@ -632,12 +624,9 @@ impl SemShared {
                 .expect("a waiting acquire has a receiver");
             // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
             // the token here.
-            let outcome = match sleep.as_mut() {
-                None => rx.await,
-                Some(sleep) => tokio::select! {
-                    o = rx => o,
-                    _ = sleep => return Err(timeout_err()),
-                },
+            let outcome = tokio::select! {
+                o = rx => o,
+                e = timed_out(deadline.as_mut()) => return Err(e),
             };
             match outcome {
                 Ok(Outcome::Granted(grant, lease)) => {
@@ -673,23 +662,21 @@ impl SemShared {
         }
     }
 
-    /// Waits for `n` permits of this process's local cap. `Err(true)`: the deadline passed;
-    /// `Err(false)`: the handle was closed.
+    /// Waits for `n` permits of this process's local cap.
     async fn local_permit(
         &self,
         sem: &Arc<tokio::sync::Semaphore>,
         n: u32,
-        sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, bool> {
+        deadline: Option<&mut Deadline>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
         tokio::select! {
-            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| false),
-            _ = self.closed.cancelled() => Err(false),
-            _ = sleep_opt(sleep) => Err(true),
+            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| Error::Closed),
+            _ = self.closed.cancelled() => Err(Error::Closed),
+            e = timed_out(deadline) => Err(e),
         }
     }
 
-    /// Hands one request to the batching task and waits for its reply. `Err(None)`: the
-    /// deadline passed. After [`close`](Self::close), the batching task answers a request it
+    /// Hands one request to the batching task and waits for its reply. After [`close`](Self::close), the batching task answers a request it
     /// has not sent yet with `Closed` (one already sent returns with its call): watching the
     /// token here too would make every request's future larger.
     async fn send_request(
@@ -697,8 +684,8 @@ impl SemShared {
         id: &Arc<str>,
         n: u32,
         try_only: bool,
-        sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>,
-    ) -> Result<AcquireReply, Option<Error>> {
+        deadline: Option<&mut Deadline>,
+    ) -> Result<AcquireReply, Error> {
         let (tx, rx) = oneshot::channel();
         let request = batch::Request {
             id: id.clone(),
@@ -707,22 +694,32 @@ impl SemShared {
             reply: tx,
         };
         if self.batch.send(request).is_err() {
-            return Err(Some(Error::Closed));
+            return Err(Error::Closed);
         }
         tokio::select! {
             r = rx => match r {
-                Ok(r) => r.map_err(|e| Some(Error::from_redis(e, self.name()))),
-                Err(_) => Err(Some(Error::Closed)),
+                Ok(r) => r.map_err(|e| Error::from_redis(e, self.name())),
+                Err(_) => Err(Error::Closed),
             },
-            _ = sleep_opt(sleep) => Err(None),
+            e = timed_out(deadline) => Err(e),
         }
     }
 }
 
-/// Waits for `sleep`, or forever without one.
-async fn sleep_opt(sleep: Option<&mut Pin<Box<tokio::time::Sleep>>>) {
-    match sleep {
-        Some(sleep) => sleep.await,
+/// The deadline of an acquire with a timeout: its timer (on the heap) and the timeout it
+/// reports.
+struct Deadline {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+/// Resolves with [`Error::Timeout`] once `deadline` has passed; never without one.
+async fn timed_out(deadline: Option<&mut Deadline>) -> Error {
+    match deadline {
+        Some(d) => {
+            d.sleep.as_mut().await;
+            Error::Timeout(d.timeout)
+        }
         None => std::future::pending().await,
     }
 }
