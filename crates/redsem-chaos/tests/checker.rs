@@ -31,6 +31,23 @@ fn config() -> Config {
     }
 }
 
+fn write_config(dir: &Path) {
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&config()).unwrap(),
+    )
+    .unwrap();
+}
+
+/// Nothing left in Redis after the run.
+fn write_final_state(dir: &Path) {
+    std::fs::write(
+        dir.join("final.json"),
+        serde_json::to_vec(&FinalState::default()).unwrap(),
+    )
+    .unwrap();
+}
+
 /// Worker 0 holds slot 0 of `chaos-mutex` (generation 1) from 1000 ms; worker 1 is granted
 /// the same slot (generation 2) at 2000 ms. `paused`: worker 0 was SIGSTOPped from 1100 to
 /// 2600 ms, its lease expired in Redis, and it learned it at 2601 ms.
@@ -61,11 +78,7 @@ enum Story {
 fn write_run_with(dir: &Path, story: Story) {
     let paused = story == Story::Paused;
     let t = |ms: i64| T0 + ms * MS;
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec(&config()).unwrap(),
-    )
-    .unwrap();
+    write_config(dir);
     let mut runner = vec![
         format!("phase {} start", t(0)),
         format!("spawn {} 0 0 100", t(0)),
@@ -170,11 +183,7 @@ fn write_run_with(dir: &Path, story: Story) {
         ));
     }
     std::fs::write(dir.join("snapshots.log"), snaps.join("\n") + "\n").unwrap();
-    std::fs::write(
-        dir.join("final.json"),
-        serde_json::to_vec(&FinalState::default()).unwrap(),
-    )
-    .unwrap();
+    write_final_state(dir);
 }
 
 #[test]
@@ -276,11 +285,7 @@ fn an_evicted_holder_cut_off_from_redis_may_learn_by_its_local_deadline() {
 /// `epoch0`: worker 0's Redis incarnation as the runner told it (`?`: unknown).
 fn write_data_loss_run(dir: &Path, acq0_ms: i64, epoch0: &str) {
     let t = |ms: i64| T0 + ms * MS;
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec(&config()).unwrap(),
-    )
-    .unwrap();
+    write_config(dir);
     let runner = [
         format!("phase {} start", t(0)),
         format!("spawn {} 0 0 100", t(0)),
@@ -330,11 +335,19 @@ fn write_data_loss_run(dir: &Path, acq0_ms: i64, epoch0: &str) {
         snaps.push(format!("S {now} {now} {now} 0 1 {entries} {slots}"));
     }
     std::fs::write(dir.join("snapshots.log"), snaps.join("\n") + "\n").unwrap();
-    std::fs::write(
-        dir.join("final.json"),
-        serde_json::to_vec(&FinalState::default()).unwrap(),
-    )
-    .unwrap();
+    write_final_state(dir);
+}
+
+/// Checks a data-loss run (see [`write_data_loss_run`]).
+fn check_data_loss(acq0_ms: i64, epoch0: &str) -> checker::Report {
+    let dir = tempfile::tempdir().unwrap();
+    write_data_loss_run(dir.path(), acq0_ms, epoch0);
+    checker::check(dir.path()).unwrap()
+}
+
+fn assert_overlap_explained_by_data_loss(r: &checker::Report) {
+    assert_eq!(r.total_violations(), 0, "{}", r.text());
+    assert_eq!(r.overlaps.get("data-loss"), Some(&1), "{}", r.text());
 }
 
 /// A grant received after the restart began but before Redis died was made by the old Redis
@@ -342,11 +355,7 @@ fn write_data_loss_run(dir: &Path, acq0_ms: i64, epoch0: &str) {
 /// (seed 3722111972 reported it as an unexplained `limit-believed` violation).
 #[test]
 fn a_grant_received_while_redis_was_being_killed_is_lost_with_its_data() {
-    let dir = tempfile::tempdir().unwrap();
-    write_data_loss_run(dir.path(), 1000, "0");
-    let r = checker::check(dir.path()).unwrap();
-    assert_eq!(r.total_violations(), 0, "{}", r.text());
-    assert_eq!(r.overlaps.get("data-loss"), Some(&1), "{}", r.text());
+    assert_overlap_explained_by_data_loss(&check_data_loss(1000, "0"));
 }
 
 /// A grant read just after Redis died (its reply or notification was on its way), which the
@@ -354,20 +363,14 @@ fn a_grant_received_while_redis_was_being_killed_is_lost_with_its_data() {
 /// (seed 12's 25-minute run reported it as an unexplained `limit-believed` violation)...
 #[test]
 fn a_grant_read_after_redis_died_that_the_new_redis_lacks_is_lost_with_its_data() {
-    let dir = tempfile::tempdir().unwrap();
-    write_data_loss_run(dir.path(), 1020, "?");
-    let r = checker::check(dir.path()).unwrap();
-    assert_eq!(r.total_violations(), 0, "{}", r.text());
-    assert_eq!(r.overlaps.get("data-loss"), Some(&1), "{}", r.text());
+    assert_overlap_explained_by_data_loss(&check_data_loss(1020, "?"));
 }
 
 /// ...but one the runner found in the new Redis (incarnation 1) is not excused: two holders of
 /// one slot in the same Redis.
 #[test]
 fn a_grant_of_the_new_redis_overlapping_another_is_a_violation() {
-    let dir = tempfile::tempdir().unwrap();
-    write_data_loss_run(dir.path(), 1150, "1");
-    let r = checker::check(dir.path()).unwrap();
+    let r = check_data_loss(1150, "1");
     assert!(
         r.violation_counts
             .get("limit-believed")
