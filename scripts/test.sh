@@ -28,7 +28,7 @@ run fmt cargo fmt --all -- --check
 # --all-features: redsem's optional `tower` and `metrics` code (and every example that needs
 # it) is linted, built and tested too.
 run clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
-run docs env RUSTDOCFLAGS="-D warnings" cargo doc -p redsem --no-deps --all-features
+run docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 
 # Valkey is installed above: a missing one must fail the tests, not skip half of them.
 export REDSEM_REQUIRE_VALKEY=1

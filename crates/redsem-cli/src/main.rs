@@ -42,11 +42,14 @@ struct Cli {
 /// Options shared by every subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct Global {
-    /// Redis URL: redis://[user:password@]host:port[/db], unix:///path/to/redis.sock (or a
-    /// bare /path/to/redis.sock), redis+cluster://host:port[,host:port...] (Redis Cluster),
-    /// redis+sentinel://host:port[,host:port...]/master-name (Sentinel); rediss... for TLS.
+    // The help is an attribute, not a doc comment: rustdoc would read `[user:password@]`
+    // as an intra-doc link.
     #[arg(
         long,
+        help = "Redis URL: redis://[user:password@]host:port[/db], unix:///path/to/redis.sock \
+                (or a bare /path/to/redis.sock), redis+cluster://host:port[,host:port...] \
+                (Redis Cluster), redis+sentinel://host:port[,host:port...]/master-name \
+                (Sentinel); rediss... for TLS",
         env = "REDIS_URL",
         hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/",
