@@ -138,41 +138,9 @@ pub fn connect_error(g: &Global, e: &redsem::Error) -> String {
     };
     format!(
         "cannot connect to {}: {}{hint}",
-        redact(&g.redis_url),
+        redsem::redact_url(&g.redis_url),
         describe(e)
     )
-}
-
-/// The URL with its passwords hidden (in the user info and in `...password=` query
-/// parameters, such as Sentinel's).
-pub fn redact(url: &str) -> String {
-    match url.split_once('?') {
-        Some((base, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{}?{}", redact_userinfo(base), query.join("&"))
-        }
-        None => redact_userinfo(url),
-    }
-}
-
-fn redact_userinfo(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let end = url[start..].find('/').map_or(url.len(), |i| start + i);
-    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
-        return url.to_owned();
-    };
-    match url[start..at].find(':') {
-        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
-        None => url.to_owned(),
-    }
 }
 
 /// A bare socket path becomes a `unix://` URL.
@@ -291,8 +259,10 @@ mod tests {
         assert_eq!(fmt_dur(Duration::from_secs(3 * 86_400 + 4 * 3600)), "3d04h");
     }
 
+    /// The library's redaction, with the cases the CLI relies on.
     #[test]
     fn passwords_are_hidden() {
+        use redsem::redact_url as redact;
         assert_eq!(redact("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
         assert_eq!(redact("redis://:pw@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");

@@ -343,7 +343,7 @@ impl ClientBuilder {
 
 /// The URL with its passwords replaced, for messages (the user's, and a
 /// `sentinel_password=` in the query).
-pub(crate) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),

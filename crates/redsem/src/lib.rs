@@ -105,6 +105,8 @@ mod synced;
 pub mod tower;
 
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
+#[doc(hidden)]
+pub use client::redact as redact_url;
 pub use error::{BackendError, Error, LostReason};
 pub use keys::MAX_NAME_LEN;
 pub use permit::{Fence, Permit};
