@@ -245,7 +245,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 killpg(pgid, libc::SIGTERM);
                 lost_at = Some(Instant::now());
             }
-            _ = sleep_until_opt(kill_at), if !killed => {
+            // (without a kill time the branch is disabled and its sleep never polled)
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)),
+                if kill_at.is_some() && !killed => {
                 say!(
                     "redsem: the command did not exit within {} of SIGTERM; sending SIGKILL to process group {pgid}",
                     fmt_dur(a.kill_after)
@@ -360,13 +362,6 @@ fn default_label(command: &[OsString]) -> String {
         &format!("{}:{} {cmd}", host.trim(), std::process::id()),
         100,
     )
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Sends `sig` to the process group `pgid` (errors such as "no such group" are ignored:
