@@ -22,21 +22,45 @@ macro_rules! out {
     }};
 }
 
-/// Exit code of the operator commands for any error (unreachable, auth, WRONGTYPE, ...).
-pub const EXIT_ERROR: u8 = 1;
-/// Exit code for a command line that does not parse (not `run`: see its exit codes).
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code of the operator commands when the semaphore or the holder does not exist.
-pub const EXIT_NOT_FOUND: u8 = 3;
+// One exit-status scheme for every subcommand (the table below). redsem's own outcomes use
+// statuses that commands seldom use, so `run` can pass the command's own status through.
 
-/// Why a subcommand failed: printed as one line, mapped to an exit code.
+/// The slot was lost while the command ran (sysexits' EX_TEMPFAIL: running again may work).
+pub const EXIT_LOST: u8 = 75;
+/// No permits in time (`run --timeout`, `-n`): the default of `run -E`, as GNU `timeout`.
+pub const EXIT_TIMEOUT: u8 = 124;
+/// redsem's own error, in every subcommand: a bad command line, Redis unreachable,
+/// authentication, a missing permission, WRONGTYPE, an invalid value, a semaphore or holder
+/// that does not exist.
+pub const EXIT_ERROR: u8 = 125;
+/// `run`: the command exists but could not be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+/// `run`: the command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// The exit-status table, shown by `redsem --help` and `redsem run --help` (and copied in
+/// README-cli.md).
+pub const EXIT_STATUS_HELP: &str = "\
+Exit status (every subcommand):
+  0        success (`run`: the command exited 0)
+  1-123    `run`: the command's own exit status
+  75       `run`: the slot was lost while the command ran; the command was terminated
+  124      `run`: no permits within --timeout (or not free at once with -n); the command was
+           not run. -E/--conflict-exit-code N changes it
+  125      redsem's own error: bad command line, Redis unreachable, authentication, missing
+           permission, WRONGTYPE, invalid value, unknown semaphore or holder, a --strict-limit
+           mismatch; `run` did not run the command
+  126      `run`: the command could not be executed (not an executable file)
+  127      `run`: the command was not found
+  128+N    `run`: the command was killed by signal N (also: redsem got signal N while waiting)";
+
+/// Why a subcommand failed: printed as one line; redsem exits [`EXIT_ERROR`].
 #[derive(Debug)]
 pub enum Failure {
     /// An error from the library.
     Lib(redsem::Error),
-    /// Something named does not exist (a holder id).
-    NotFound(String),
-    /// Anything else (I/O on the terminal or a socket, bad input).
+    /// Anything else (a holder that does not exist, I/O on the terminal or a socket, bad
+    /// input).
     Other(String),
 }
 
@@ -51,19 +75,9 @@ impl Failure {
     pub fn one_line(&self) -> String {
         let text = match self {
             Failure::Lib(e) => describe(e),
-            Failure::NotFound(s) | Failure::Other(s) => s.clone(),
+            Failure::Other(s) => s.clone(),
         };
         one_line(&text)
-    }
-
-    /// The exit code of an operator command that failed this way.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Failure::Lib(redsem::Error::UnknownSemaphore { .. }) | Failure::NotFound(_) => {
-                EXIT_NOT_FOUND
-            }
-            _ => EXIT_ERROR,
-        }
     }
 }
 
@@ -109,7 +123,7 @@ pub async fn connect(g: &Global) -> Result<redsem::Client, Failure> {
 
 /// [`connect`] with the library's error.
 pub async fn connect_raw(g: &Global) -> Result<redsem::Client, redsem::Error> {
-    let mut b = redsem::Client::builder(normalize_url(&g.redis_url))
+    let mut b = redsem::Client::builder(normalize_url(&g.redis_url()))
         .prefix(&g.prefix)
         .connect_timeout(g.connect_timeout);
     if let Some(ca) = &g.tls_ca {
@@ -138,7 +152,7 @@ pub fn connect_error(g: &Global, e: &redsem::Error) -> String {
     };
     format!(
         "cannot connect to {}: {}{hint}",
-        redsem::redact_url(&g.redis_url),
+        redsem::redact_url(&g.redis_url()),
         describe(e)
     )
 }

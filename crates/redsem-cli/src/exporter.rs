@@ -64,7 +64,7 @@ impl Source {
             Err(e) => {
                 say!(
                     "redsem exporter: scrape of {} failed: {}",
-                    redsem::redact_url(&self.global.redis_url),
+                    redsem::redact_url(&self.global.redis_url()),
                     common::describe(&e)
                 );
                 (0, Vec::new())

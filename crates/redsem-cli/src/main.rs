@@ -30,7 +30,8 @@ use common::parse_duration;
     name = "redsem",
     version,
     propagate_version = true,
-    max_term_width = 100
+    max_term_width = 100,
+    after_help = common::EXIT_STATUS_HELP
 )]
 struct Cli {
     #[command(flatten)]
@@ -45,18 +46,19 @@ pub struct Global {
     // The help is an attribute, not a doc comment: rustdoc would read `[user:password@]`
     // as an intra-doc link.
     #[arg(
-        long,
+        long = "redis-url",
         help = "Redis URL: redis://[user:password@]host:port[/db], unix:///path/to/redis.sock \
                 (or a bare /path/to/redis.sock), redis+cluster://host:port[,host:port...] \
                 (Redis Cluster), redis+sentinel://host:port[,host:port...]/master-name \
-                (Sentinel); rediss... for TLS",
-        env = "REDIS_URL",
+                (Sentinel); rediss... for TLS. Default: $REDSEM_URL, else $REDIS_URL, else \
+                redis://127.0.0.1:6379/",
+        value_name = "URL",
+        env = "REDSEM_URL",
         hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379/",
         global = true,
         help_heading = "Connection"
     )]
-    pub redis_url: String,
+    redis_url: Option<String>,
 
     /// Key prefix of the semaphores (every process that shares a semaphore must use the same).
     #[arg(
@@ -112,12 +114,28 @@ pub struct Global {
     pub tls_key: Option<PathBuf>,
 }
 
+/// Where the Redis URL comes from when `--redis-url` and `REDSEM_URL` are absent: the generic
+/// variable (which the command of `run` inherits too), then the default.
+const FALLBACK_URL_VAR: &str = "REDIS_URL";
+/// The Redis URL when nothing names one.
+const DEFAULT_URL: &str = "redis://127.0.0.1:6379/";
+
+impl Global {
+    /// The Redis URL: `--redis-url`, else `REDSEM_URL`, else `REDIS_URL`, else the default.
+    pub fn redis_url(&self) -> String {
+        self.redis_url
+            .clone()
+            .or_else(|| std::env::var(FALLBACK_URL_VAR).ok())
+            .unwrap_or_else(|| DEFAULT_URL.to_owned())
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding permits of a semaphore (waits in FIFO order).
     #[command(
-        after_long_help = run::EXIT_CODES_HELP,
-        override_usage = "redsem run [OPTIONS] --name <NAME> --limit <L> -- <CMD>..."
+        after_long_help = format!("{}\n\n{}", run::RUN_HELP, common::EXIT_STATUS_HELP),
+        override_usage = "redsem run [OPTIONS] <NAME> [--] <CMD>..."
     )]
     Run(RunArgs),
     /// Show one semaphore: limit, holders, queue.
@@ -137,15 +155,25 @@ enum Command {
 /// Arguments of `redsem run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Name of the semaphore (GNU sem: --id).
-    #[arg(long, visible_alias = "id", value_name = "NAME")]
-    pub name: String,
+    /// Name of the semaphore (as `etcdctl lock NAME -- cmd`).
+    #[arg(value_name = "NAME")]
+    name: Option<String>,
 
-    /// Most permits held at once, across every machine (GNU sem: -j): the limit the semaphore
-    /// is created with. An existing semaphore keeps the limit stored in Redis, which
-    /// `redsem limit` changes for everyone.
+    /// The name as an option, as in GNU sem's --id (and redsem before NAME was positional);
+    /// every word after the options is then the command.
+    #[arg(long = "name", visible_alias = "id", value_name = "NAME")]
+    name_option: Option<String>,
+
+    /// Most permits held at once, across every machine (GNU sem: -j). Creates the semaphore
+    /// with this limit; optional once it exists. An existing semaphore keeps the limit stored
+    /// in Redis (which `redsem limit` changes for everyone), and redsem uses that one.
     #[arg(long, short = 'j', value_name = "L")]
-    pub limit: u32,
+    pub limit: Option<u32>,
+
+    /// Fail (exit 125) when the semaphore exists with a limit other than --limit, instead of
+    /// using the stored one (as `consul lock -n`).
+    #[arg(long, requires = "limit")]
+    pub strict_limit: bool,
 
     /// Permits this command needs at once.
     #[arg(long, default_value_t = 1, value_name = "K")]
@@ -153,17 +181,37 @@ pub struct RunArgs {
 
     /// Lease of the permits, renewed while the command runs. If redsem dies, the permits
     /// free within one lease.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "REDSEM_LEASE", default_value = "10s", value_parser = parse_duration)]
     pub lease: Duration,
 
-    /// Give up waiting after this long (exit 124). 0 means: only if free right now.
+    /// Give up waiting after this long (exit 124, or -E). 0 means: only if free right now.
     /// Default: wait as long as it takes.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, env = "REDSEM_TIMEOUT", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
 
+    /// Do not wait: fail (exit 124, or -E) unless the permits are free right now. The same
+    /// as --timeout 0 (flock: -n).
+    #[arg(long, short = 'n')]
+    pub nonblock: bool,
+
+    /// Exit status when the permits could not be had in time (--timeout, -n), as flock's -E
+    /// (whose default is 1; redsem keeps 124, as GNU timeout).
+    #[arg(
+        long,
+        short = 'E',
+        value_name = "N",
+        default_value_t = common::EXIT_TIMEOUT
+    )]
+    pub conflict_exit_code: u8,
+
     /// Label shown to operators in `stats` and `watch` (default: host:pid and the command).
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, env = "REDSEM_LABEL", value_name = "TEXT")]
     pub label: Option<String>,
+
+    /// Run the command through `sh -c`: its words, joined by spaces, are the script (as
+    /// `consul lock`), e.g. `redsem run --shell jobs -- 'make && make test'`.
+    #[arg(long)]
+    pub shell: bool,
 
     /// When the slot is lost, how long the command has to exit after SIGTERM before its
     /// process group gets SIGKILL.
@@ -175,8 +223,62 @@ pub struct RunArgs {
     pub verbose: bool,
 
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
-    pub command: Vec<OsString>,
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// Settles which words are the name and which the command: with `--name`, the word clap
+    /// took for the positional NAME is the command's first. Errors are usage errors.
+    fn settle(&mut self) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        use clap::error::ErrorKind;
+        if let Some(name) = self.name_option.take() {
+            if let Some(first) = self.name.replace(name) {
+                self.command.insert(0, first.into());
+            }
+        }
+        let missing = match (&self.name, self.command.is_empty()) {
+            (None, _) => Some("the semaphore's NAME"),
+            (Some(_), true) => Some("the command to run (after NAME, or after `--`)"),
+            _ => None,
+        };
+        match missing {
+            Some(what) => {
+                let mut cli = Cli::command();
+                cli.build(); // names the subcommand `redsem run` in the usage line
+                let run = cli.find_subcommand_mut("run").expect("`run` exists");
+                Err(run.error(
+                    ErrorKind::MissingRequiredArgument,
+                    format!("`redsem run` needs {what}"),
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or_default()
+    }
+
+    /// The command and its arguments, as given.
+    pub fn command(&self) -> &[OsString] {
+        &self.command
+    }
+
+    /// How long to wait: `-n` is `--timeout 0`.
+    pub fn wait_limit(&self) -> Option<Duration> {
+        if self.nonblock {
+            Some(Duration::ZERO)
+        } else {
+            self.timeout
+        }
+    }
 }
 
 /// Arguments of `redsem stats`.
@@ -241,15 +343,20 @@ pub struct ExporterArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = Cli::try_parse().and_then(|mut cli| {
+        if let Command::Run(a) = &mut cli.command {
+            a.settle()?;
+        }
+        Ok(cli)
+    });
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
             let code = match e.kind() {
                 clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
-                // `run` keeps 1..=123 for the command's own exit codes
-                _ if invoked_run() => run::EXIT_REDSEM_ERROR,
-                _ => common::EXIT_USAGE,
+                // not clap's 2: `run` keeps 1..=123 for the command's own exit statuses
+                _ => common::EXIT_ERROR,
             };
             return ExitCode::from(code);
         }
@@ -264,7 +371,6 @@ fn main() -> ExitCode {
             return ExitCode::from(common::EXIT_ERROR);
         }
     };
-    let is_run = matches!(cli.command, Command::Run(_));
     let result = runtime.block_on(async move {
         let g = cli.global;
         match cli.command {
@@ -283,28 +389,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             say!("redsem: {}", failure.one_line());
-            ExitCode::from(if is_run {
-                run::EXIT_REDSEM_ERROR
-            } else {
-                failure.exit_code()
-            })
+            ExitCode::from(common::EXIT_ERROR)
         }
     }
-}
-
-/// Whether the (unparsable) command line asked for `run`: its first word that is not an
-/// option or an option's value.
-fn invoked_run() -> bool {
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--redis-url" | "--prefix" | "--connect-timeout" | "--tls-ca" | "--tls-cert"
-            | "--tls-key" => {
-                args.next();
-            }
-            s if s.starts_with('-') => {}
-            s => return s == "run",
-        }
-    }
-    false
 }

@@ -10,22 +10,13 @@ use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 
-use crate::common::{self, Failure, fmt_dur, fmt_fences};
+use crate::common::{
+    self, EXIT_ERROR, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, Failure, fmt_dur, fmt_fences,
+};
 use crate::{Global, RunArgs};
 
-/// The command was not run or did not finish because the wait timed out.
-pub const EXIT_TIMEOUT: u8 = 124;
-/// redsem's own error: bad arguments, Redis unreachable, authentication, WRONGTYPE...
-pub const EXIT_REDSEM_ERROR: u8 = 125;
-/// The command exists but could not be executed.
-pub const EXIT_NOT_EXECUTABLE: u8 = 126;
-/// The command was not found.
-pub const EXIT_NOT_FOUND: u8 = 127;
-/// The slot was lost while the command ran (EX_TEMPFAIL: running again may work).
-pub const EXIT_LOST: u8 = 75;
-
-/// Shown by `redsem run --help`.
-pub const EXIT_CODES_HELP: &str = "\
+/// Shown by `redsem run --help` (before the exit-status table).
+pub const RUN_HELP: &str = "\
 Environment of the command:
   REDSEM_NAME    the semaphore's name
   REDSEM_SLOTS   the slots held, comma-separated (e.g. 0,3), each in 0..limit
@@ -34,25 +25,15 @@ Environment of the command:
   REDSEM_TICKET  the FIFO ticket number the permits were granted under
 
 --limit creates the semaphore; an existing one keeps the limit stored in Redis (which
-`redsem limit` changes for everyone), and redsem uses that. The command is looked up
-before waiting: a command that cannot run fails at once (126, 127).
+`redsem limit` changes for everyone), and redsem uses that (with --strict-limit, a different
+stored limit is an error). The command is looked up before waiting: a command that cannot
+run fails at once (126, 127).
 
 The command runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to redsem are
 forwarded to that group; the permits are released as soon as the command exits. If the
 slot is lost (the lease could not be renewed, or an operator released it), the group gets
 SIGTERM, then SIGKILL after --kill-after. If redsem itself is killed, the command gets
-SIGTERM (Linux) and the permits free within one lease.
-
-Exit status:
-  the command's own     when it exits by itself
-  128+N                 the command was killed by signal N (also: redsem got signal N while
-                        waiting for permits)
-  75                    the slot was lost while the command ran; the command was terminated
-  124                   no permits within --timeout; the command was not run
-  125                   redsem's own error (bad arguments, Redis unreachable, authentication,
-                        WRONGTYPE, more permits than the limit...); the command was not run
-  126                   the command could not be executed (not an executable file)
-  127                   the command was not found";
+SIGTERM (Linux) and the permits free within one lease.";
 
 /// The signals `run` forwards to the command.
 struct Signals {
@@ -94,9 +75,12 @@ fn signal_name(sig: i32) -> &'static str {
 pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     let mut signals = Signals::install()
         .map_err(|e| Failure::Other(format!("cannot install signal handlers: {e}")))?;
-    let name = a.name.clone();
-    let program = a.command[0].clone();
-    let label = a.label.clone().unwrap_or_else(|| default_label(&a.command));
+    let name = a.name().to_owned();
+    let (program, args) = program_and_args(&a);
+    let label = a
+        .label
+        .clone()
+        .unwrap_or_else(|| default_label(a.command()));
 
     // Do not queue for a command that cannot run.
     if let Err((code, what)) = check_program(&program) {
@@ -107,30 +91,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     // Nothing is queued yet: a signal here just stops.
     let setup = async {
         let client = common::connect(g).await?;
-        let open = |limit: u32| {
-            client
-                .semaphore(&name, limit)
-                .lease(a.lease)
-                .label(common::truncate(&label, 200))
-                .open()
-        };
-        // --limit creates the semaphore; an existing one keeps the limit stored in Redis
-        // (an operator may have changed it with `redsem limit`): adopt it
-        let mut limit = a.limit;
-        for _ in 0..3 {
-            match open(limit).await {
-                Err(redsem::Error::LimitConflict { stored, .. }) => {
-                    if a.verbose {
-                        say!(
-                            "redsem: semaphore {name:?} has limit {stored} in Redis, not {limit}: using {stored}"
-                        );
-                    }
-                    limit = stored;
-                }
-                r => return Ok::<_, Failure>((client.clone(), r?)),
-            }
-        }
-        Ok((client.clone(), open(limit).await?))
+        let sem = open(&client, &a, &label).await?;
+        Ok::<_, Failure>((client, sem))
     };
     let (client, sem) = tokio::select! {
         r = setup => r?,
@@ -146,7 +108,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         );
     }
     let acquire = async {
-        match a.timeout {
+        match a.wait_limit() {
             Some(t) if t.is_zero() => sem.try_acquire_many(a.permits).await,
             Some(t) => sem.acquire_many_timeout(a.permits, t).await,
             None => sem.acquire_many(a.permits).await,
@@ -174,14 +136,14 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 Err(_) => String::new(),
             };
             let why = match e {
-                redsem::Error::NoPermits => "not free right now (--timeout 0)".to_owned(),
+                redsem::Error::NoPermits => "not free right now (-n)".to_owned(),
                 _ => format!("not granted within {}", fmt_dur(started.elapsed())),
             };
             say!(
                 "redsem: timeout: {} permit(s) of semaphore {name:?} {why}{busy}; the command was not run",
                 a.permits
             );
-            return Ok(EXIT_TIMEOUT);
+            return Ok(a.conflict_exit_code);
         }
         Err(e) => {
             flush(&client).await;
@@ -198,7 +160,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     }
 
     let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&a.command[1..])
+    cmd.args(&args)
         .process_group(0)
         .env("REDSEM_NAME", &name)
         .env("REDSEM_SLOTS", slots_var(&permit))
@@ -294,6 +256,68 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     Ok(exit_code(status))
 }
 
+/// Opens the semaphore: with the stored limit when there is one (an operator may have
+/// changed it with `redsem limit`), unless `--strict-limit`; else creates it with `--limit`.
+async fn open(
+    client: &redsem::Client,
+    a: &RunArgs,
+    label: &str,
+) -> Result<redsem::Semaphore, Failure> {
+    let name = a.name();
+    let open = |limit: u32| {
+        client
+            .semaphore(name, limit)
+            .lease(a.lease)
+            .label(common::truncate(label, 200))
+            .open()
+    };
+    let mut limit = match a.limit {
+        Some(l) => l,
+        // without --limit, the semaphore must exist: read its limit (this creates nothing)
+        None => match client.inspect(name).await {
+            Ok(s) => s.limit,
+            Err(redsem::Error::UnknownSemaphore { .. }) => {
+                return Err(Failure::Other(format!(
+                    "semaphore {name:?} does not exist: give --limit L to create it (`redsem list` shows what exists)"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        },
+    };
+    // the stored limit can change between the read and the open: adopt it (a few times)
+    for _ in 0..3 {
+        match open(limit).await {
+            Err(redsem::Error::LimitConflict { stored, .. }) if a.strict_limit => {
+                return Err(Failure::Other(format!(
+                    "semaphore {name:?} has limit {stored} in Redis, not {limit} (--strict-limit): change it for everyone with `redsem limit {name} {limit}`, or run without --strict-limit to use {stored}"
+                )));
+            }
+            Err(redsem::Error::LimitConflict { stored, .. }) => {
+                if a.verbose {
+                    say!(
+                        "redsem: semaphore {name:?} has limit {stored} in Redis, not {limit}: using {stored}"
+                    );
+                }
+                limit = stored;
+            }
+            r => return Ok(r?),
+        }
+    }
+    Ok(open(limit).await?)
+}
+
+/// The program to execute and its arguments: the command, or `sh -c` and the command's
+/// words joined by spaces (`--shell`).
+fn program_and_args(a: &RunArgs) -> (OsString, Vec<OsString>) {
+    let command = a.command();
+    if a.shell {
+        let script = command.join(OsStr::new(" "));
+        ("sh".into(), vec!["-c".into(), script])
+    } else {
+        (command[0].clone(), command[1..].to_vec())
+    }
+}
+
 /// Whether `program` can be executed, as far as can be told before running it: a path
 /// must name an executable file, a bare name must be found in `PATH`. Errors are the exit
 /// code and the reason.
@@ -330,7 +354,7 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
-        (None, None) => EXIT_REDSEM_ERROR,
+        (None, None) => EXIT_ERROR,
     }
 }
 

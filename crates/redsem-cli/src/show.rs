@@ -235,7 +235,7 @@ pub async fn release(g: &Global, a: ReleaseArgs) -> Result<u8, Failure> {
         );
         Ok(0)
     } else {
-        Err(Failure::NotFound(format!(
+        Err(Failure::Other(format!(
             "semaphore {:?} has no holder or waiter {:?} (it may have finished; `redsem stats {}` lists them)",
             a.name, a.holder, a.name
         )))

@@ -47,9 +47,9 @@ fn as_user(server: &Server, user: &str) -> std::process::Command {
 #[test]
 fn every_subcommand_works_as_the_documented_user() {
     let server = server();
-    let out = run(as_user(&server, "app").args([
-        "run", "--name", "acl", "--limit", "2", "--", "sh", "-c", "exit 0",
-    ]));
+    let out =
+        run(as_user(&server, "app")
+            .args(["run", "acl", "--limit", "2", "--", "sh", "-c", "exit 0"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     for args in [
         vec!["stats", "acl"],
@@ -62,7 +62,7 @@ fn every_subcommand_works_as_the_documented_user() {
         assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
     }
     let out = run(as_user(&server, "app").args(["release", "acl", "--holder", "nobody"]));
-    assert_eq!(code(&out), 3, "an unknown holder: {}", stderr(&out));
+    assert_eq!(code(&out), 125, "an unknown holder: {}", stderr(&out));
     assert_eq!(
         server.cmd(&["HGET", "redsem:{acl}:cfg", "limit"]).as_str(),
         Some("3")
@@ -72,15 +72,14 @@ fn every_subcommand_works_as_the_documented_user() {
 #[test]
 fn a_missing_permission_is_named_on_stderr() {
     let server = server();
-    let out =
-        run(as_user(&server, "nopop").args(["run", "--name", "p", "--limit", "1", "--", "true"]));
+    let out = run(as_user(&server, "nopop").args(["run", "p", "--limit", "1", "--", "true"]));
     assert_ne!(code(&out), 0);
     let err = stderr(&out);
     assert!(err.contains("ZPOPMIN"), "{err}");
     assert!(err.to_lowercase().contains("permission"), "{err}");
 
     let out = run(as_user(&server, "noscan").args(["list"]));
-    assert_eq!(code(&out), 1);
+    assert_eq!(code(&out), 125);
     let err = stderr(&out);
     assert!(err.contains("scan"), "{err}");
 }

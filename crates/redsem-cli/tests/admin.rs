@@ -15,7 +15,6 @@ use serde_json::Value;
 fn busy(server: &Server, name: &str) -> (Background, Background) {
     let holder = Background::spawn(redsem(server).args([
         "run",
-        "--name",
         name,
         "--limit",
         "1",
@@ -30,7 +29,6 @@ fn busy(server: &Server, name: &str) -> (Background, Background) {
     });
     let waiter = Background::spawn(redsem(server).args([
         "run",
-        "--name",
         name,
         "--limit",
         "1",
@@ -139,10 +137,10 @@ fn list_shows_every_semaphore_under_the_prefix() {
     assert!(stdout(&out).contains("no semaphores"), "{}", stdout(&out));
 
     let _busy = busy(&server, "alpha");
-    let out = run(redsem(&server).args(["run", "--name", "beta", "--limit", "5", "--", "true"]));
+    let out = run(redsem(&server).args(["run", "beta", "--limit", "5", "--", "true"]));
     assert_eq!(code(&out), 0);
     let out = run(redsem(&server).args([
-        "--prefix", "other", "run", "--name", "gamma", "--limit", "1", "--", "true",
+        "--prefix", "other", "run", "gamma", "--limit", "1", "--", "true",
     ]));
     assert_eq!(code(&out), 0);
 
@@ -178,7 +176,7 @@ fn list_shows_every_semaphore_under_the_prefix() {
 
     // inspecting never creates
     let out = run(redsem(&server).args(["stats", "ghost"]));
-    assert_eq!(code(&out), 3);
+    assert_eq!(code(&out), 125);
     assert_eq!(
         server.cmd(&["EXISTS", "redsem:{ghost}:cfg"]).as_int(),
         Some(0)
@@ -200,27 +198,27 @@ fn limit_resizes_live_and_release_reports_unknown_holders() {
     assert_eq!(stats_json(&server, "grow")["limit"], 2);
 
     let out = run(redsem(&server).args(["limit", "nope", "2"]));
-    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
     assert_eq!(
         server.cmd(&["EXISTS", "redsem:{nope}:cfg"]).as_int(),
         Some(0)
     );
     let out = run(redsem(&server).args(["limit", "grow", "0"]));
-    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
 
     let out = run(redsem(&server).args(["release", "grow", "--holder", "nobody"]));
-    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
     assert!(
         stderr(&out).contains("no holder or waiter"),
         "{}",
         stderr(&out)
     );
     let out = run(redsem(&server).args(["release", "nope", "--holder", "x"]));
-    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
 
     // `run` adopts the stored limit (an operator changed it) whatever its --limit says
     let out = run(redsem(&server).args([
-        "run", "-v", "--name", "grow", "--limit", "7", "--", "sh", "-c", "echo ran",
+        "run", "-v", "grow", "--limit", "7", "--", "sh", "-c", "echo ran",
     ]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "ran");
@@ -229,7 +227,6 @@ fn limit_resizes_live_and_release_reports_unknown_holders() {
     // more permits than the stored limit: redsem's own error, 125
     let out = run(redsem(&server).args([
         "run",
-        "--name",
         "grow",
         "--limit",
         "7",
@@ -248,14 +245,13 @@ fn watch_prints_blocks_and_alerts() {
     let server = Server::start(Flavor::Redis);
     // limit 2: one holder of 1 permit, a request for 2 at the head: waiters while 1 is free
     let _h = Background::spawn(
-        redsem(&server).args(["run", "--name", "hol", "--limit", "2", "--", "sleep", "60"]),
+        redsem(&server).args(["run", "hol", "--limit", "2", "--", "sleep", "60"]),
     );
     wait_until(Duration::from_secs(20), "the holder", || {
         counts(&server, "hol") == Some((1, 0))
     });
     let _w = Background::spawn(redsem(&server).args([
         "run",
-        "--name",
         "hol",
         "--limit",
         "2",
@@ -285,16 +281,14 @@ fn watch_prints_blocks_and_alerts() {
 
     // limit 1: a holder and two waiters: the queue stays above the limit
     let _h2 = Background::spawn(
-        redsem(&server).args(["run", "--name", "long", "--limit", "1", "--", "sleep", "60"]),
+        redsem(&server).args(["run", "long", "--limit", "1", "--", "sleep", "60"]),
     );
     wait_until(Duration::from_secs(20), "the holder", || {
         counts(&server, "long") == Some((1, 0))
     });
     let _w2: Vec<Background> = (0..2)
         .map(|_| {
-            Background::spawn(
-                redsem(&server).args(["run", "--name", "long", "--limit", "1", "--", "true"]),
-            )
+            Background::spawn(redsem(&server).args(["run", "long", "--limit", "1", "--", "true"]))
         })
         .collect();
     wait_until(Duration::from_secs(20), "the waiters", || {
@@ -324,7 +318,7 @@ fn watch_prints_blocks_and_alerts() {
     );
 
     let out = run(redsem(&server).args(["watch", "ghost", "--iterations", "1"]));
-    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
 }
 
 fn http_get(addr: &str, path: &str) -> String {
@@ -345,7 +339,7 @@ fn http_get(addr: &str, path: &str) -> String {
 fn exporter_is_scraped_over_http() {
     let server = Server::start(Flavor::Redis);
     let _busy = busy(&server, "lic\"ence");
-    let out = run(redsem(&server).args(["run", "--name", "idle", "--limit", "4", "--", "true"]));
+    let out = run(redsem(&server).args(["run", "idle", "--limit", "4", "--", "true"]));
     assert_eq!(code(&out), 0);
 
     let mut exporter = Background::spawn(
@@ -441,38 +435,42 @@ fn errors_are_one_line_with_a_nonzero_exit() {
         (
             vec!["stats".into(), "nope".into()],
             &url,
-            3,
+            125,
             "unknown semaphore \"nope\"",
         ),
         (
             vec!["stats".into(), "x".into()],
             &*unreachable,
-            1,
+            125,
             "cannot connect to",
         ),
         (
             vec!["list".into()],
             "htp://nowhere",
-            1,
+            125,
             "cannot parse Redis URL",
         ),
         (
             vec!["stats".into(), "x".into()],
             &*bad_password,
-            1,
+            125,
             "authentication failed",
         ),
-        (vec!["stats".into(), "foreign".into()], &url, 1, "WRONGTYPE"),
+        (
+            vec!["stats".into(), "foreign".into()],
+            &url,
+            125,
+            "WRONGTYPE",
+        ),
         (
             vec!["limit".into(), "foreign".into(), "3".into()],
             &url,
-            1,
+            125,
             "WRONGTYPE",
         ),
         (
             vec![
                 "run".into(),
-                "--name".into(),
                 "x".into(),
                 "--limit".into(),
                 "1".into(),
@@ -486,7 +484,6 @@ fn errors_are_one_line_with_a_nonzero_exit() {
         (
             vec![
                 "run".into(),
-                "--name".into(),
                 "foreign".into(),
                 "--limit".into(),
                 "1".into(),
@@ -500,7 +497,6 @@ fn errors_are_one_line_with_a_nonzero_exit() {
         (
             vec![
                 "run".into(),
-                "--name".into(),
                 "a b".into(),
                 "--limit".into(),
                 "1".into(),
@@ -529,10 +525,11 @@ fn errors_are_one_line_with_a_nonzero_exit() {
         );
     }
 
-    // usage errors: 2, except for `run`, whose 1..=123 belong to the command
+    // usage errors: 125 too (not clap's 2), for every subcommand: `run`'s 1..=123 belong to
+    // the command
     let out = run(redsem(&server).args(["stats"]));
-    assert_eq!(code(&out), 2);
-    let out = run(redsem(&server).args(["run", "--name", "x", "--limit", "1"]));
+    assert_eq!(code(&out), 125);
+    let out = run(redsem(&server).args(["run", "x", "--limit", "1"]));
     assert_eq!(code(&out), 125);
 }
 
@@ -549,7 +546,7 @@ fn unix_sockets_work() {
         },
     );
     let out = run(redsem_at(&format!("unix://{}", sock.display()))
-        .args(["run", "--name", "sock", "--limit", "1", "--", "true"]));
+        .args(["run", "sock", "--limit", "1", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let out = run(redsem_at(&sock.display().to_string()).args(["list", "--json"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -567,7 +564,6 @@ fn tls_urls_work() {
     let url = server.tls_url();
     let out = run(redsem_at(&url).arg("--tls-ca").arg(&certs.ca).args([
         "run",
-        "--name",
         "tls",
         "--limit",
         "1",
@@ -591,7 +587,7 @@ fn tls_urls_work() {
         .arg("--tls-ca")
         .arg(&certs.other_ca)
         .args(["stats", "tls"]));
-    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
@@ -608,13 +604,13 @@ fn tls_urls_work() {
         .arg(&certs.client_cert)
         .arg("--tls-key")
         .arg(&certs.client_key)
-        .args(["run", "--name", "mtls", "--limit", "1", "--", "true"]));
+        .args(["run", "mtls", "--limit", "1", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let out = run(redsem_at(&mtls.tls_url())
         .arg("--tls-ca")
         .arg(&certs.ca)
         .args(["list"]));
-    assert_eq!(code(&out), 1, "no client certificate: refused");
+    assert_eq!(code(&out), 125, "no client certificate: refused");
     assert!(stderr(&out).contains("--tls-cert"), "{}", stderr(&out));
     assert_eq!(
         stderr(&out).trim_end().lines().count(),
@@ -634,7 +630,6 @@ fn cluster_urls_work() {
     for name in names {
         let out = run(redsem_at(&url).args([
             "run",
-            "--name",
             name,
             "--limit",
             "2",

@@ -243,7 +243,7 @@ fn an_operator_release_terminates_the_command() {
     );
 
     let out = run(redsem(&server).args(["release", "op", "--holder", &holder]));
-    assert_eq!(code(&out), 3, "releasing twice: not found");
+    assert_eq!(code(&out), 125, "releasing twice: not found");
 }
 
 /// No permit within --timeout: exit 124, the command does not run, and the ticket leaves

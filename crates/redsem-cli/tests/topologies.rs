@@ -11,7 +11,7 @@ fn run_list_and_stats_on_a_cluster() {
     let url = cluster.url();
     // semaphores whose hash tags put them on different masters
     for name in ["c-1", "c-2", "c-3", "c-4", "c-5"] {
-        let out = run(redsem_at(&url).args(["run", "--name", name, "--limit", "2", "--", "true"]));
+        let out = run(redsem_at(&url).args(["run", name, "--limit", "2", "--", "true"]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
     }
     let out = run(redsem_at(&url).args(["list", "--json"]));
@@ -30,10 +30,10 @@ fn run_list_and_stats_on_a_cluster() {
 fn run_through_sentinel_before_and_after_a_failover() {
     let set = Sentinels::start(Flavor::Redis);
     let url = set.url();
-    let out = run(redsem_at(&url).args(["run", "--name", "s", "--limit", "1", "--", "true"]));
+    let out = run(redsem_at(&url).args(["run", "s", "--limit", "1", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let new = set.failover();
-    let out = run(redsem_at(&url).args(["run", "--name", "s", "--limit", "1", "--", "true"]));
+    let out = run(redsem_at(&url).args(["run", "s", "--limit", "1", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
         set.data(new)
@@ -55,7 +55,7 @@ fn tls_files_by_flag_and_by_environment() {
         .arg(&certs.client_cert)
         .arg("--tls-key")
         .arg(&certs.client_key)
-        .args(["run", "--name", "tls", "--limit", "1", "--", "true"]));
+        .args(["run", "tls", "--limit", "1", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let out = run(redsem_at(&url)
         .env("REDSEM_TLS_CA", &certs.ca)

@@ -17,9 +17,16 @@ pub fn redsem(server: &Server) -> Command {
 /// The binary under test, pointed at `url`.
 pub fn redsem_at(url: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_redsem"));
-    c.env("REDIS_URL", url)
-        .env_remove("REDSEM_PREFIX")
-        .stdin(Stdio::null());
+    c.env("REDIS_URL", url).stdin(Stdio::null());
+    for var in [
+        "REDSEM_URL",
+        "REDSEM_PREFIX",
+        "REDSEM_LEASE",
+        "REDSEM_TIMEOUT",
+        "REDSEM_LABEL",
+    ] {
+        c.env_remove(var);
+    }
     c
 }
 
