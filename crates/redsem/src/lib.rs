@@ -104,9 +104,9 @@ mod synced;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
 
-pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 #[doc(hidden)]
 pub use client::redact as redact_url;
+pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::{BackendError, Error, LostReason};
 pub use keys::MAX_NAME_LEN;
 pub use permit::{Fence, Permit};
