@@ -4,9 +4,9 @@ use std::time::Duration;
 async fn main() -> Result<(), redsem::Error> {
     let url = std::env::var("REDIS_URL").unwrap_or("redis://127.0.0.1:6379/".into());
     let client = redsem::Client::connect(&url).await?;
-    // At most 2 calls at once, across every process that opens "licensed-api"
+    // At most 2 calls at once, across every process that opens "quickstart-api"
     let sem = client
-        .semaphore("licensed-api", 2)
+        .semaphore("quickstart-api", 2)
         .lease(Duration::from_secs(10))
         .open()
         .await?;

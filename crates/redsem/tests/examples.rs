@@ -42,7 +42,7 @@ fn the_readme_quickstart_runs_and_never_exceeds_its_limit() {
     );
     assert_eq!(
         server
-            .cmd(&["HGET", "redsem:{licensed-api}:cfg", "grants"])
+            .cmd(&["HGET", "redsem:{quickstart-api}:cfg", "grants"])
             .as_str(),
         Some("6")
     );
