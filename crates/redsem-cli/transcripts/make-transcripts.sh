@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates ../README-cli.md from README-cli.md.in with real transcripts:
+# Regenerates ../README-cli.md from README-cli.md.in with real transcripts, and the README's
+# CLI section (between the cli-section markers) from it:
 #   cargo build -p redsem-cli && bash crates/redsem-cli/transcripts/make-transcripts.sh
 # Starts three private redis-servers on loopback (plain on $PORT, with a password on
 # $PORT+1, TLS on $PORT+2; default PORT=18600) and a temp dir for TLS certificates, and
@@ -53,23 +54,27 @@ show() {
 t() { show "$*"; bash -c "$*" 2>&1; rc=$?; [ $rc -ne 0 ] && printf '[exit %d]\n' $rc; return 0; }
 b() { show "$*"; eval "$*"; }
 exec 3>&1 > "$work/all.txt" 2>&1
+echo "### exit"
+redsem --help | sed -n '/^Exit status (every subcommand)/,$p'
 echo "### 1"
-b 'export REDIS_URL=redis://127.0.0.1:$PORT/'
-t 'redsem run --name licence-server --limit 4 -- sh -c '"'"'echo "slot $REDSEM_SLOTS, fence $REDSEM_FENCES, holder $REDSEM_HOLDER"'"'"''
-t 'for i in 1 2 3 4 5 6; do redsem run --name licence-server --limit 4 --label "nightly-$i" -- sh -c '"'"'echo "$(date +%T) job '"'"'$i'"'"' on slot $REDSEM_SLOTS"; sleep 2'"'"' & done; wait'
-t 'redsem run -v --name licence-server --limit 4 --permits 2 -- sh -c '"'"'echo "slots $REDSEM_SLOTS, fences $REDSEM_FENCES, ticket $REDSEM_TICKET"'"'"''
-t 'redsem run --name licence-server --limit 4 -- sh -c "exit 3"'
-t 'redsem run --name licence-server --limit 4 -- no-such-tool --version'
-t 'redsem run --name licence-server --limit 4 --permits 5 -- true'
+b 'export REDSEM_URL=redis://127.0.0.1:$PORT/'
+t 'redsem run licence-server --limit 4 -- sh -c '"'"'echo "slot $REDSEM_SLOTS, fence $REDSEM_FENCES, holder $REDSEM_HOLDER"'"'"''
+t 'for i in 1 2 3 4 5 6; do redsem run licence-server --label "nightly-$i" -- sh -c '"'"'echo "$(date +%T) job '"'"'$i'"'"' on slot $REDSEM_SLOTS"; sleep 2'"'"' & done; wait'
+t 'redsem run -v licence-server --permits 2 -- sh -c '"'"'echo "slots $REDSEM_SLOTS, fences $REDSEM_FENCES, ticket $REDSEM_TICKET"'"'"''
+t 'redsem run licence-server --shell -- '"'"'echo "slot $REDSEM_SLOTS" && exit 3'"'"''
+t 'redsem run licence-server -- no-such-tool --version'
+t 'redsem run licence-server --permits 5 -- true'
+t 'redsem run nightly-report -- true'
 echo "### 2"
-b 'redsem run --name licence-server --limit 4 --permits 4 --label "backup (all 4 seats)" -- sleep 600 2>backup.err & BACKUP=$!'
+b 'redsem run licence-server --permits 4 --label "backup (all 4 seats)" -- sleep 600 2>backup.err & BACKUP=$!'
 sleep 0.5
-t 'redsem run --name licence-server --limit 4 --timeout 2s -- make deploy'
-t 'redsem run --name licence-server --limit 4 --timeout 0 -- make deploy'
+t 'redsem run licence-server --timeout 2s -- make deploy'
+t 'redsem run licence-server -n -- make deploy'
+t 'redsem run licence-server -n -E 1 -- make deploy'
 echo "### 3"
-b 'redsem run --name licence-server --limit 4 --label "ci-runner-7 make test" -- sleep 5 &'
+b 'redsem run licence-server --label "ci-runner-7 make test" -- sleep 5 &'
 sleep 0.3
-b 'redsem run --name licence-server --limit 4 --permits 2 --label "ci-runner-2 e2e" -- sleep 5 &'
+b 'redsem run licence-server --permits 2 --label "ci-runner-2 e2e" -- sleep 5 &'
 sleep 1.5
 t 'redsem stats licence-server'
 t 'redsem stats licence-server --json'
@@ -87,20 +92,21 @@ b 'wait $BACKUP; echo "redsem run exited with $?"; cat backup.err'
 sleep 0.3
 t 'redsem stats licence-server'
 t 'redsem limit licence-server 4'
-t 'redsem run -v --name licence-server --limit 6 -- true'
+t 'redsem run -v licence-server --limit 6 -- true'
+t 'redsem run licence-server --limit 6 --strict-limit -- true'
 t "redsem release licence-server --holder $H"
 wait
 echo "### 6"
-b 'redsem run --name demo --limit 1 --lease 30s -- sh -c '"'"'trap "echo child: got SIGTERM, cleaning up; exit 0" TERM; while :; do sleep 0.1; done'"'"' & P=$!'
+b 'redsem run demo --limit 1 --lease 30s -- sh -c '"'"'trap "echo child: got SIGTERM, cleaning up; exit 0" TERM; while :; do sleep 0.1; done'"'"' & P=$!'
 b 'sleep 1; kill -TERM $P; wait $P; echo "redsem run exited with $?"; redsem stats demo | head -1'
-b 'redsem run --name demo --limit 1 -- sleep 600 & P=$!'
+b 'redsem run demo -- sleep 600 & P=$!'
 b 'sleep 1; kill -TERM $P; wait $P; echo "redsem run exited with $?"'
-b 'redsem run --name demo --limit 1 --lease 2s -- sleep 600 & P=$!'
+b 'redsem run demo --lease 2s -- sleep 600 & P=$!'
 b 'sleep 1; kill -KILL $P; wait $P 2>/dev/null; sleep 0.2'
 t 'redsem stats demo | head -1; ps -C sleep -o args= | grep -x "sleep 600" || echo "no sleep 600 left: it got SIGTERM when redsem died"'
 t 'sleep 2; redsem stats demo | head -1'
 echo "### 7"
-b 'redsem run --name licence-server --limit 4 --label "long job" -- sleep 3 &'
+b 'redsem run licence-server --label "long job" -- sleep 3 &'
 b 'redsem exporter --listen 127.0.0.1:9721 & EXPORTER=$!'
 sleep 0.7
 t 'curl -s http://127.0.0.1:9721/metrics'
@@ -112,35 +118,42 @@ t 'redsem --redis-url redis://127.0.0.1:1/ list'
 t 'redsem --redis-url redis://:wrong-password@127.0.0.1:$AUTH_PORT/ list'
 t 'redsem --redis-url http://127.0.0.1:$PORT/ list'
 t 'redsem stats legacy'
-t 'redsem run --name legacy --limit 1 -- true'
-t 'redsem --redis-url redis://127.0.0.1:1/ run --name x --limit 1 -- true'
+t 'redsem run legacy --limit 1 -- true'
+t 'redsem --redis-url redis://127.0.0.1:1/ run x --limit 1 -- true'
 t 'redsem limit licence-server 0'
 t 'redsem --redis-url rediss://localhost:$TLS_PORT/ list'
-t 'redsem --redis-url rediss://localhost:$TLS_PORT/ --tls-ca $SSL_CA run --name tls-demo --limit 1 -- echo hello over TLS'
+t 'redsem --redis-url rediss://localhost:$TLS_PORT/ --tls-ca $SSL_CA run tls-demo --limit 1 -- echo hello over TLS'
 t 'REDSEM_TLS_CA=$SSL_CA redsem --redis-url rediss://localhost:$TLS_PORT/ list'
 echo "### 9"
-b 'redsem run --name gpu-pool --limit 1 --label "training run 41" -- sleep 20 &'
+b 'redsem run gpu-pool --limit 1 --label "training run 41" -- sleep 20 &'
 sleep 0.3
-b 'for i in 1 2 3; do redsem run --name gpu-pool --limit 1 --label "eval-$i" -- true & done'
+b 'for i in 1 2 3; do redsem run gpu-pool --label "eval-$i" -- true & done'
 sleep 1
 t 'redsem watch gpu-pool --interval 1s --alert-after 2s --iterations 4 | awk '"'"'/^redsem watch/{n++} n==4'"'"'  # the 4th refresh'
-b 'redsem run --name ab --limit 2 --label "one seat" -- sleep 20 &'
+b 'redsem run ab --limit 2 --label "one seat" -- sleep 20 &'
 sleep 0.3
-b 'redsem run --name ab --limit 2 --permits 2 --label "needs both seats" -- true &'
+b 'redsem run ab --permits 2 --label "needs both seats" -- true &'
 sleep 0.3
-b 'redsem run --name ab --limit 2 --label "small job" -- true &'
+b 'redsem run ab --label "small job" -- true &'
 sleep 0.5
 t 'redsem watch ab --interval 1s --iterations 2 | awk '"'"'/^redsem watch/{n++} n==2'"'"'  # the 2nd refresh'
 kill $(jobs -p) 2>/dev/null; wait
 exec 1>&3 2>&3
-python3 - "$work/all.txt" "$here/README-cli.md.in" "$here/../README-cli.md" <<'PY'
+python3 - "$work/all.txt" "$here/README-cli.md.in" "$here/../README-cli.md" "$root/README.md" <<'PY'
 import re, sys
 txt = open(sys.argv[1]).read()
-parts = re.split(r"^### (\d+)\n", txt, flags=re.M)
+parts = re.split(r"^### (\w+)\n", txt, flags=re.M)
 out = open(sys.argv[2]).read()
 for i in range(1, len(parts), 2):
     out = out.replace("{{" + parts[i] + "}}", parts[i + 1].rstrip("\n"))
 assert "{{" not in out, "a section is missing"
 open(sys.argv[3], "w").write(out)
+# the README's CLI section is the part of README-cli.md between these markers
+# (crates/redsem-cli/tests/readme.rs fails when the two differ)
+begin, end = "<!-- cli-section:begin -->", "<!-- cli-section:end -->"
+section = out[out.index(begin):out.index(end) + len(end)]
+readme = open(sys.argv[4]).read()
+a, b = readme.index(begin), readme.index(end) + len(end)
+open(sys.argv[4], "w").write(readme[:a] + section + readme[b:])
 PY
-echo "wrote $here/../README-cli.md"
+echo "wrote $here/../README-cli.md and the CLI section of $root/README.md"
