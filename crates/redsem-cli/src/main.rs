@@ -237,10 +237,10 @@ impl RunArgs {
     fn settle(&mut self) -> Result<(), clap::Error> {
         use clap::CommandFactory;
         use clap::error::ErrorKind;
-        if let Some(name) = self.name_option.take() {
-            if let Some(first) = self.name.replace(name) {
-                self.command.insert(0, first.into());
-            }
+        if let Some(name) = self.name_option.take()
+            && let Some(first) = self.name.replace(name)
+        {
+            self.command.insert(0, first.into());
         }
         let missing = match (&self.name, self.command.is_empty()) {
             (None, _) => Some("the semaphore's NAME"),

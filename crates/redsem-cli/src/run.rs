@@ -136,7 +136,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 Err(_) => String::new(),
             };
             let why = match e {
-                redsem::Error::NoPermits => "not free right now (-n)".to_owned(),
+                redsem::Error::NoPermits if a.nonblock => "not free right now (-n)".to_owned(),
+                redsem::Error::NoPermits => "not free right now (--timeout 0)".to_owned(),
                 _ => format!("not granted within {}", fmt_dur(started.elapsed())),
             };
             say!(
