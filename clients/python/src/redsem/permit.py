@@ -109,6 +109,8 @@ class Permit:
         if self._released:
             return
         self._released = True
+        if self.lost.is_set():
+            return  # its release was queued in the background when it was lost
         await self._sem._release_holder(self.holder_id)
 
     async def run(self, work: Awaitable[T]) -> T:
