@@ -325,3 +325,24 @@ def test_the_sync_wrapper(server, name):
         assert c.force_release(name, p.holder_id)
         assert p.lost.wait(10), "the loop thread sets the threading.Event"
         assert p.lost_reason == NOT_HOLDER
+
+
+def test_a_waiter_whose_subscriber_reconnects_still_gets_its_grant_at_once(own_server, name):
+    async def main():
+        admin = redis.Redis.from_url(own_server.url)
+        async with redsem.Client.from_url(own_server.url) as c:
+            # renewals and fallback polls every 20 s: only the notice (or the re-check made
+            # when the subscriber comes back) can grant the waiter within the bound below
+            sem = await c.semaphore(name, limit=1, lease=60.0, fallback_poll=30.0)
+            held = await sem.acquire()
+            waiting = asyncio.ensure_future(sem.acquire(timeout=30))
+            await until(lambda: _n_waiting(sem, 1))
+            await asyncio.sleep(0.1)
+            assert admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub") >= 1
+            await held.release()
+            released = time.monotonic()
+            p = await waiting
+            assert time.monotonic() - released < 10
+            await p.release()
+        admin.close()
+    run(main())
