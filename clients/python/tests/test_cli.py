@@ -7,9 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-import redsem
 from redsem.sync import Client
 
 

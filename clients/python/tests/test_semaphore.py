@@ -22,24 +22,39 @@ async def until(cond, timeout=10.0):
         await asyncio.sleep(0.01)
 
 
-def test_acquire_holds_slots_and_fences_until_released(server, name):
+def with_sem(server, name, test, client_kwargs=None, **kwargs):
+    """Runs `await test(client, sem)` with a fresh client and the semaphore `name` opened with
+    `kwargs`; returns its result."""
     async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=2, lease=2.0)
-            async with sem.acquire() as p:
-                assert (p.slots, [str(f) for f in p.fences], p.ticket, p.permits) == ([0], ["0:1"], 1, 1)
-                assert not p.is_lost() and not p.lost.is_set()
-                st = await sem.stats()
-                assert (st.in_use, st.available, [h.id for h in st.holders]) == (1, 1, [p.holder_id])
-            assert p.released
-            assert (await sem.stats()).in_use == 0
-            p = await sem.acquire()
-            assert p.fences == [redsem.Fence(0, 2)], "the slot's generation grows with every grant"
-            await p.release()
-            await p.release()  # idempotent
+        async with redsem.Client.from_url(server.url, **(client_kwargs or {})) as c:
+            return await test(c, await c.semaphore(name, **kwargs))
+    return run(main())
+
+
+async def _n_waiting(sem, n):
+    return len((await sem.stats()).waiters) == n
+
+
+async def _in_use(sem, n):
+    return (await sem.stats()).in_use == n
+
+
+def test_acquire_holds_slots_and_fences_until_released(server, name):
+    async def body(c, sem):
+        async with sem.acquire() as p:
+            assert (p.slots, [str(f) for f in p.fences], p.ticket, p.permits) == ([0], ["0:1"], 1, 1)
+            assert not p.is_lost() and not p.lost.is_set()
             st = await sem.stats()
-            assert (st.in_use, st.grants_total) == (0, 2)
-    run(main())
+            assert (st.in_use, st.available, [h.id for h in st.holders]) == (1, 1, [p.holder_id])
+        assert p.released
+        assert (await sem.stats()).in_use == 0
+        p = await sem.acquire()
+        assert p.fences == [redsem.Fence(0, 2)], "the slot's generation grows with every grant"
+        await p.release()
+        await p.release()  # idempotent
+        st = await sem.stats()
+        assert (st.in_use, st.grants_total) == (0, 2)
+    with_sem(server, name, body, limit=2, lease=2.0)
 
 
 def test_waiters_of_two_clients_are_granted_in_ticket_order(server, name):
@@ -58,7 +73,7 @@ def test_waiters_of_two_clients_are_granted_in_ticket_order(server, name):
         tasks = []
         for i in range(6):
             tasks.append(asyncio.ensure_future(waiter(s1 if i % 2 else s2, i)))
-            await until(lambda: _waiting(s1, i + 1))
+            await until(lambda: _n_waiting(s1, i + 1))
         await first.release()
         await asyncio.gather(*tasks)
         assert [i for i, _ in order] == list(range(6))
@@ -66,86 +81,64 @@ def test_waiters_of_two_clients_are_granted_in_ticket_order(server, name):
         await c1.close()
         await c2.close()
 
-    async def _waiting(sem, n):
-        return len((await sem.stats()).waiters) == n
-
     run(main())
 
 
-def test_a_timeout_gives_the_ticket_up(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=1)
-            held = await sem.acquire()
-            with pytest.raises(redsem.Timeout) as err:
-                await sem.acquire(timeout=0.3)
-            assert isinstance(err.value, TimeoutError)
-            await c.flush()
-            assert (await sem.stats()).waiters == []
-            await held.release()
-            async with sem.acquire(timeout=0.3) as p:
-                assert p.slots == [0]
-    run(main())
-
-
-def test_cancelling_a_waiting_acquire_gives_the_ticket_up(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=1)
-            held = await sem.acquire()
-            task = asyncio.ensure_future(sem.acquire())
-            await until(lambda: _n_waiting(sem, 1))
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await c.flush()
-            assert (await sem.stats()).waiters == []
-            await held.release()
-    run(main())
-
-
-async def _n_waiting(sem, n):
-    return len((await sem.stats()).waiters) == n
+def test_a_timeout_or_a_cancelled_wait_gives_the_ticket_up(server, name):
+    async def body(c, sem):
+        held = await sem.acquire()
+        with pytest.raises(redsem.Timeout) as err:
+            await sem.acquire(timeout=0.3)
+        assert isinstance(err.value, TimeoutError)
+        await c.flush()
+        assert (await sem.stats()).waiters == []
+        task = asyncio.ensure_future(sem.acquire())
+        await until(lambda: _n_waiting(sem, 1))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await c.flush()
+        assert (await sem.stats()).waiters == []
+        await held.release()
+        async with sem.acquire(timeout=0.3) as p:
+            assert p.slots == [0]
+    with_sem(server, name, body, limit=1)
 
 
 def test_try_acquire_takes_only_permits_nobody_queues_for(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=2)
-            held = await sem.try_acquire()
-            second = await sem.try_acquire()
-            with pytest.raises(redsem.NoPermits):
-                await sem.try_acquire()
-            await second.release()
-            big = asyncio.ensure_future(sem.acquire(n=2))  # queued: one of two is free
-            await until(lambda: _n_waiting(sem, 1))
-            with pytest.raises(redsem.NoPermits):
-                await sem.try_acquire()  # one is free, but FIFO: the queued request comes first
-            await held.release()
-            p = await big
-            assert p.slots == [0, 1]
-            await p.release()
-    run(main())
+    async def body(c, sem):
+        held = await sem.try_acquire()
+        second = await sem.try_acquire()
+        with pytest.raises(redsem.NoPermits):
+            await sem.try_acquire()
+        await second.release()
+        big = asyncio.ensure_future(sem.acquire(n=2))  # queued: one of two is free
+        await until(lambda: _n_waiting(sem, 1))
+        with pytest.raises(redsem.NoPermits):
+            await sem.try_acquire()  # one is free, but FIFO: the queued request comes first
+        await held.release()
+        p = await big
+        assert p.slots == [0, 1]
+        await p.release()
+    with_sem(server, name, body, limit=2)
 
 
 def test_several_permits_at_once(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=4)
-            p = await sem.acquire(n=3)
-            assert (p.slots, p.permits, len(p.fences)) == ([0, 1, 2], 3, 3)
-            assert (await sem.stats()).in_use == 3
-            with pytest.raises(redsem.Timeout):
-                await sem.acquire(n=2, timeout=0.2)
-            with pytest.raises(redsem.TooManyPermits) as err:
-                await sem.acquire(n=5)
-            assert err.value.limit == 4
-            with pytest.raises(redsem.InvalidArgument):
-                await sem.acquire(n=0)
-            await p.release()
-            async with sem.acquire(n=4) as p:
-                assert p.slots == [0, 1, 2, 3]
-    run(main())
+    async def body(c, sem):
+        p = await sem.acquire(n=3)
+        assert (p.slots, p.permits, len(p.fences)) == ([0, 1, 2], 3, 3)
+        assert (await sem.stats()).in_use == 3
+        with pytest.raises(redsem.Timeout):
+            await sem.acquire(n=2, timeout=0.2)
+        with pytest.raises(redsem.TooManyPermits) as err:
+            await sem.acquire(n=5)
+        assert err.value.limit == 4
+        with pytest.raises(redsem.InvalidArgument):
+            await sem.acquire(n=0)
+        await p.release()
+        async with sem.acquire(n=4) as p:
+            assert p.slots == [0, 1, 2, 3]
+    with_sem(server, name, body, limit=4)
 
 
 def test_the_stored_limit_is_shared(server, name):
@@ -159,49 +152,41 @@ def test_the_stored_limit_is_shared(server, name):
 
 
 def test_a_lost_permit_cancels_the_body(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=1, lease=0.6)
-            started = time.monotonic()
-            with pytest.raises(redsem.LeaseLost) as err:
-                async with sem.acquire() as p:
-                    assert await c.force_release(name, p.holder_id)
-                    await asyncio.sleep(30)
-            assert time.monotonic() - started < 10
-            assert err.value.reason == NOT_HOLDER == p.lost_reason
-            assert p.lost.is_set() and p.is_lost()
+    async def body(c, sem):
+        started = time.monotonic()
+        with pytest.raises(redsem.LeaseLost) as err:
+            async with sem.acquire() as p:
+                assert await c.force_release(name, p.holder_id)
+                await asyncio.sleep(30)
+        assert time.monotonic() - started < 10
+        assert err.value.reason == NOT_HOLDER == p.lost_reason
+        assert p.lost.is_set() and p.is_lost()
 
-            p = await sem.acquire()
-            await c.force_release(name, p.holder_id)
-            with pytest.raises(redsem.LeaseLost):
-                await p.run(asyncio.sleep(30))
-            # the work's own result when nothing is lost
-            p = await sem.acquire()
-            assert await p.run(asyncio.sleep(0.01, result=42)) == 42
-            assert p.released
-    run(main())
+        p = await sem.acquire()
+        await c.force_release(name, p.holder_id)
+        with pytest.raises(redsem.LeaseLost):
+            await p.run(asyncio.sleep(30))
+        # the work's own result when nothing is lost
+        p = await sem.acquire()
+        assert await p.run(asyncio.sleep(0.01, result=42)) == 42
+        assert p.released
+    with_sem(server, name, body, limit=1, lease=0.6)
 
 
 def test_the_callers_own_cancellation_is_not_a_lost_lease(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url) as c:
-            sem = await c.semaphore(name, limit=1)
+    async def body(c, sem):
 
-            async def body():
-                async with sem.acquire():
-                    await asyncio.sleep(30)
+        async def body():
+            async with sem.acquire():
+                await asyncio.sleep(30)
 
-            task = asyncio.ensure_future(body())
-            await until(lambda: _in_use(sem, 1))
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert (await sem.stats()).in_use == 0
-    run(main())
-
-
-async def _in_use(sem, n):
-    return (await sem.stats()).in_use == n
+        task = asyncio.ensure_future(body())
+        await until(lambda: _in_use(sem, 1))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await sem.stats()).in_use == 0
+    with_sem(server, name, body, limit=1)
 
 
 def test_a_holder_that_cannot_reach_redis_stops_by_its_local_deadline(own_server, name):
@@ -261,30 +246,28 @@ def test_a_killed_holders_slot_is_back_within_one_lease(server, name):
 
 
 def test_stats_lists_holders_and_waiters(server, name):
-    async def main():
-        async with redsem.Client.from_url(server.url, label="py-test") as c:
-            sem = await c.semaphore(name, limit=2)
-            p = await sem.acquire(n=2)
-            w = asyncio.ensure_future(sem.acquire())
-            await until(lambda: _n_waiting(sem, 1))
-            st = await sem.stats()
-            assert (st.name, st.limit, st.in_use, st.available, st.grants_total) == (name, 2, 2, 0, 1)
-            (h,) = st.holders
-            assert (h.id, h.label, h.permits, h.fences) == (p.holder_id, "py-test", 2, p.fences)
-            assert 0 < h.lease_left <= 10
-            (wi,) = st.waiters
-            assert (wi.position, wi.ticket, wi.permits, wi.label) == (0, 2, 1, "py-test")
-            assert st.oldest_wait is not None
-            js = st.to_json()
-            assert js["holders"][0]["fences"] == [{"slot": 0, "generation": 1}, {"slot": 1, "generation": 1}]
-            assert set(js) == {"name", "limit", "in_use", "available", "holders", "waiters", "grants_total",
-                               "expired_total", "server_time_ms"}
-            assert (await c.inspect(name)).in_use == 2
-            with pytest.raises(redsem.UnknownSemaphore):
-                await c.inspect(name + "-nothing")
-            await p.release()
-            await (await w).release()
-    run(main())
+    async def body(c, sem):
+        p = await sem.acquire(n=2)
+        w = asyncio.ensure_future(sem.acquire())
+        await until(lambda: _n_waiting(sem, 1))
+        st = await sem.stats()
+        assert (st.name, st.limit, st.in_use, st.available, st.grants_total) == (name, 2, 2, 0, 1)
+        (h,) = st.holders
+        assert (h.id, h.label, h.permits, h.fences) == (p.holder_id, "py-test", 2, p.fences)
+        assert 0 < h.lease_left <= 10
+        (wi,) = st.waiters
+        assert (wi.position, wi.ticket, wi.permits, wi.label) == (0, 2, 1, "py-test")
+        assert st.oldest_wait is not None
+        js = st.to_json()
+        assert js["holders"][0]["fences"] == [{"slot": 0, "generation": 1}, {"slot": 1, "generation": 1}]
+        assert set(js) == {"name", "limit", "in_use", "available", "holders", "waiters", "grants_total",
+                           "expired_total", "server_time_ms"}
+        assert (await c.inspect(name)).in_use == 2
+        with pytest.raises(redsem.UnknownSemaphore):
+            await c.inspect(name + "-nothing")
+        await p.release()
+        await (await w).release()
+    with_sem(server, name, body, client_kwargs=dict(label="py-test"), limit=2)
 
 
 def test_a_semaphore_of_another_protocol_version_is_refused(server, name):

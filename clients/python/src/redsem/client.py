@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 from typing import Any, Dict, List, Optional, Set
@@ -15,8 +14,6 @@ from . import _protocol
 from .errors import InvalidArgument, RedsemError, UnknownSemaphore, from_redis
 from .semaphore import Semaphore
 from .stats import Stats
-
-log = logging.getLogger("redsem")
 
 
 def default_label() -> str:
