@@ -143,3 +143,20 @@ def test_stats(server, name):
     assert (js["name"], js["limit"], js["grants_total"]) == (name, 3, 1)
     r = cli(server, "stats", name + "-none")
     assert r.returncode == 3 and "unknown semaphore" in r.stderr
+
+
+def test_the_command_gets_sigterm_when_redsem_is_killed(server, name, tmp_path):
+    pidfile = tmp_path / "pid"
+    p = spawn(server, "run", name, "--limit", "1", "--lease", "1s", "--",
+              "sh", "-c", f'echo $$ > {pidfile}; while :; do sleep 0.05; done')
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+        p.kill()
+        p.wait()
+        wait_for(lambda: not _alive(int(pidfile.read_text())))
+    finally:
+        p.kill()
+    with Client(server.url) as c:
+        sem = c.semaphore(name, limit=1, lease=1.0)
+        with sem.acquire(timeout=30):  # the permit frees within its lease
+            pass

@@ -305,15 +305,26 @@ def _default_label(command: Sequence[str]) -> str:
     return label if len(label.encode()) <= 100 else label.encode()[:97].decode(errors="ignore") + "…"
 
 
-def _child_setup(parent: int) -> None:
-    """In the child before exec: its own process group, and SIGTERM when redsem dies (Linux)."""
-    os.setpgid(0, 0)
+def _child_setup() -> Any:
+    """The function to run in the child before exec: its own process group, and SIGTERM when
+    redsem dies (Linux: parent-death signal). Everything it needs is looked up before the fork
+    (no import or allocation-heavy work in the child)."""
+    parent = os.getpid()
+    prctl = None
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    term = int(signal.SIGTERM)
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(1, term)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # redsem died before prctl took effect
+                os.kill(os.getpid(), term)
+
+    return setup
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -439,9 +450,8 @@ async def _supervise(a: argparse.Namespace, permit: Any, sigs: "asyncio.Queue[in
     env.update(REDSEM_NAME=a.name, REDSEM_SLOTS=",".join(map(str, permit.slots)),
                REDSEM_FENCES=",".join(map(str, permit.fences)), REDSEM_HOLDER=permit.holder_id,
                REDSEM_TICKET=str(permit.ticket))
-    parent = os.getpid()
     try:
-        proc = await asyncio.create_subprocess_exec(*a.command, env=env, preexec_fn=lambda: _child_setup(parent))
+        proc = await asyncio.create_subprocess_exec(*a.command, env=env, preexec_fn=_child_setup())
     except OSError as e:
         code, what = ((EXIT_NOT_FOUND, "command not found") if isinstance(e, FileNotFoundError)
                       else (EXIT_NOT_EXECUTABLE, "permission denied") if isinstance(e, PermissionError)
