@@ -83,3 +83,10 @@ def run(coro):
 
 def python() -> str:
     return sys.executable
+
+
+def pytest_report_header(config):
+    import redis
+    import redsem
+
+    return f"redsem {redsem.__version__} from {os.path.dirname(redsem.__file__)}; redis-py {redis.__version__}"

@@ -329,3 +329,18 @@ def test_a_waiter_whose_subscriber_reconnects_still_gets_its_grant_at_once(own_s
             await p.release()
         admin.close()
     run(main())
+
+
+def test_failed_renewals_are_retried_at_a_steady_pace_until_the_permit_is_lost(own_server, name, caplog):
+    async def body(c, sem):
+        with pytest.raises(redsem.LeaseLost) as err:
+            async with sem.acquire() as p:
+                own_server.stop()  # every call now fails at once
+                await asyncio.sleep(30)
+        assert err.value.reason == UNREACHABLE == p.lost_reason
+        return len([r for r in caplog.records if "renewal of" in r.getMessage()])
+
+    with caplog.at_level("WARNING", logger="redsem"):
+        failed = with_sem(own_server, name, body, limit=1, lease=1.0)
+    # about one retry per 200 ms until the deadline (0.9 s), not a tight loop
+    assert 1 <= failed <= 20, failed

@@ -348,9 +348,11 @@ class Semaphore:
 
     def _next_wakeup(self, in_flight: bool) -> Optional[float]:
         times = [p._deadline() for p in self._holders.values()]
-        if not in_flight:
-            if self._retry_at is not None:
-                times.append(self._retry_at)
+        if in_flight:
+            pass
+        elif self._retry_at is not None:
+            times.append(self._retry_at)  # after a failed call, nothing is due before the retry
+        else:
             times += [p._renewed_at + self._renew_every for p in self._holders.values()]
             if self._waiters:
                 times.append(self._waiters_checked_at + self._fallback)
