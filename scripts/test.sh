@@ -43,11 +43,13 @@ else
 fi
 run doctests cargo test --workspace --doc --all-features
 # The Python package (clients/python): its Lua scripts must be the crate's, and its tests
-# run on the package as installed in .cache/interop-venv by install-deps (pytest's exit 5,
-# "no tests collected", is a failure too: the tests must run).
+# run on the package as installed in .cache/interop-venv by install-deps, against Redis and
+# against Valkey (pytest's exit 5, "no tests collected", fails the step too: they must run).
 run python-scripts diff -r crates/redsem/src/scripts clients/python/src/redsem/scripts \
     --exclude='*.rs'
 run python .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
+run python-valkey env REDSEM_TEST_SERVER="$PWD/.cache/valkey/valkey-server" \
+    .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
 # The bounded chaos run: 40 s of faults with seed 1, then 40 s with a random seed (printed
 # first, with the command that reproduces it); any violation fails the step, and the logs
 # of a failing run are kept under target/chaos/.
