@@ -203,11 +203,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return asyncio.run(_run(a))
     if sub == "stats":
         return asyncio.run(_stats(_stats_parser().parse_args(head + rest)))
-    out = sys.stdout if sub is None or sub in ("-h", "--help") else sys.stderr
+    asked = sub is None and any(h in head for h in ("-h", "--help"))
+    out = sys.stdout if asked else sys.stderr
+    if sub is not None:
+        print(f"python -m redsem: unknown command {sub!r}", file=out)
     print("usage: python -m redsem [--url URL] [--prefix P] {run,stats} ...\n\n"
           "  run NAME --limit L [options] -- CMD...   run CMD while holding permits (see run --help)\n"
           "  stats NAME [--json]                      show one semaphore", file=out)
-    return 0 if out is sys.stdout and sub is not None else EXIT_USAGE
+    return 0 if asked else EXIT_USAGE
 
 
 def _connect(a: argparse.Namespace, label: Optional[str] = None) -> Tuple[Client, str]:
