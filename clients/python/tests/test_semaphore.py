@@ -344,3 +344,25 @@ def test_failed_renewals_are_retried_at_a_steady_pace_until_the_permit_is_lost(o
         failed = with_sem(own_server, name, body, limit=1, lease=1.0)
     # about one retry per 200 ms until the deadline (0.9 s), not a tight loop
     assert 1 <= failed <= 20, failed
+
+
+def test_waiters_keep_their_tickets_while_renewals_run_concurrently(server, name, caplog):
+    async def body(c, sem):
+        held = await sem.acquire()  # renewed every 40 ms while the waiters queue
+        waiting = []
+        for _ in range(60):
+            waiting.append(asyncio.ensure_future(sem.acquire(timeout=60)))
+            await asyncio.sleep(0.005)
+        await until(lambda: _n_waiting(sem, 60))
+        await held.release()
+        tickets = []
+        for w in waiting:
+            p = await w
+            tickets.append(p.ticket)
+            await p.release()
+        return tickets
+
+    with caplog.at_level("INFO", logger="redsem"):
+        tickets = with_sem(server, name, body, limit=1, lease=0.12)
+    assert tickets == list(range(2, 62)), "each waiter kept its first ticket (none was queued twice)"
+    assert not [r for r in caplog.records if "vanished" in r.getMessage()]

@@ -53,6 +53,9 @@ class _Waiter:
     n: int
     future: "asyncio.Future[Any]"
     renewed_at: float = field(default_factory=time.monotonic)
+    #: Set once `acquire.lua` answered "queued": only then does the heartbeat renew it (a
+    #: renewal that reached Redis before the acquire would find it "gone").
+    queued: bool = False
 
 
 class Semaphore:
@@ -234,10 +237,7 @@ class Semaphore:
             w: Optional[_Waiter] = None
             if not try_only:
                 w = _Waiter(n, loop.create_future())
-                if not self._waiters:
-                    self._waiters_checked_at = time.monotonic()
                 self._waiters[id] = w  # before the call: the grant may be published first
-                self._poke()
             req = _protocol.Request(id, n, self._lease_ms, self._lease_ms, self._suffix, self._label, try_only)
             sent = time.monotonic()
             try:
@@ -252,8 +252,12 @@ class Semaphore:
                 self._deliver(id, reply.grant, sent)
             elif isinstance(reply, _protocol.Queued):
                 if w is not None:
+                    if not any(other.queued for other in self._waiters.values()):
+                        self._waiters_checked_at = sent  # the first queued waiter: poll from now
                     w.renewed_at = max(w.renewed_at, sent)
+                    w.queued = True
                 self._expect_expiry(reply.next_expiry_ms)
+                self._poke()
             elif isinstance(reply, _protocol.Busy):
                 self._waiters.pop(id, None)
                 raise NoPermits(self.name)
@@ -354,7 +358,7 @@ class Semaphore:
             times.append(self._retry_at)  # after a failed call, nothing is due before the retry
         else:
             times += [p._renewed_at + self._renew_every for p in self._holders.values()]
-            if self._waiters:
+            if any(w.queued for w in self._waiters.values()):
                 times.append(self._waiters_checked_at + self._fallback)
                 if self._next_check is not None:
                     times.append(self._next_check)
@@ -400,7 +404,7 @@ class Semaphore:
     async def _beat(self) -> None:
         """One renewal of every holder and waiter of this handle."""
         holders = list(self._holders.items())
-        waiters = list(self._waiters)
+        waiters = [id for id, w in self._waiters.items() if w.queued]
         if not holders and not waiters:
             return
         per_call = _protocol.WAITERS_PER_CALL
