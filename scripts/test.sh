@@ -2,7 +2,8 @@
 # redsem's test command (what CI runs, through .ci/run):
 #   bash scripts/test.sh [ARGS...]
 # installs the test dependencies (scripts/install-deps.sh), checks formatting and clippy,
-# runs every test of the workspace against Redis and Valkey, then the doc tests.
+# runs every test of the workspace against Redis and Valkey, then the doc tests, the Python
+# package's tests and the chaos run.
 # ARGS go to the test runner (`cargo nextest run`, or `cargo test` without nextest),
 # e.g. a test-name filter. Exits non-zero when any step fails; the steps after a failing
 # lint still run, so one run reports everything.
@@ -41,6 +42,14 @@ else
     run tests cargo test --workspace --all-targets --all-features --no-fail-fast -- "$@"
 fi
 run doctests cargo test --workspace --doc --all-features
+# The Python package (clients/python): its Lua scripts must be the crate's, and its tests
+# run on the package as installed in .cache/interop-venv by install-deps, against Redis and
+# against Valkey (pytest's exit 5, "no tests collected", fails the step too: they must run).
+run python-scripts diff -r crates/redsem/src/scripts clients/python/src/redsem/scripts \
+    --exclude='*.rs'
+run python .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
+run python-valkey env REDSEM_TEST_SERVER="$PWD/.cache/valkey/valkey-server" \
+    .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
 # The bounded chaos run: 40 s of faults with seed 1, then 40 s with a random seed (printed
 # first, with the command that reproduces it); any violation fails the step, and the logs
 # of a failing run are kept under target/chaos/.

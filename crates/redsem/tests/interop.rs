@@ -1,11 +1,13 @@
 //! Python and Rust processes share one semaphore through the open protocol
-//! (docs/PROTOCOL.md): the Python client in `interop/python` speaks it with redis-py, the
-//! Rust side is this test process. The limit is never exceeded (checked from the holders'
-//! own timestamps), and tickets are granted in one FIFO order across both languages.
+//! (docs/PROTOCOL.md): the Python side is the installed `redsem` package (clients/python),
+//! driven by `interop/python/worker.py`; the Rust side is this test process. The limit is
+//! never exceeded (checked from the holders' own timestamps), tickets are granted in one FIFO
+//! order across both languages, and a killed Python holder's slot comes back within a lease.
 //!
-//! Python with redis-py is found at `$REDSEM_PYTHON`, else in `.cache/interop-venv`
-//! (made by `scripts/install-deps.sh`, or here if missing). Without it the tests are
-//! skipped with a message, unless `REDSEM_REQUIRE_INTEROP=1` (set by `scripts/test.sh`).
+//! Python with the package is `$REDSEM_PYTHON`, else `.cache/interop-venv`, which
+//! `scripts/install-deps.sh interop-python` makes (or brings up to date with the package's
+//! sources; run here once per test process). Without it the tests are skipped with a
+//! message, unless `REDSEM_REQUIRE_INTEROP=1` (set by `scripts/test.sh`).
 
 mod common;
 
@@ -37,7 +39,7 @@ fn root() -> PathBuf {
     test_support::workspace_root()
 }
 
-/// A Python interpreter that can `import redis`, or `None` (with the reason printed).
+/// A Python interpreter that can `import redsem`, or `None` (with the reason printed).
 fn python() -> Option<PathBuf> {
     static PYTHON: OnceLock<Option<PathBuf>> = OnceLock::new();
     PYTHON
@@ -46,11 +48,11 @@ fn python() -> Option<PathBuf> {
             if found.is_none() {
                 if std::env::var("REDSEM_REQUIRE_INTEROP").is_ok_and(|v| v == "1") {
                     panic!(
-                        "REDSEM_REQUIRE_INTEROP=1 but no Python with redis-py: run scripts/install-deps.sh"
+                        "REDSEM_REQUIRE_INTEROP=1 but no Python with the redsem package: run scripts/install-deps.sh"
                     );
                 }
                 eprintln!(
-                    "interop: SKIPPED: no Python with redis-py (set REDSEM_PYTHON, or run scripts/install-deps.sh)"
+                    "interop: SKIPPED: no Python with the redsem package (set REDSEM_PYTHON, or run scripts/install-deps.sh)"
                 );
             }
             found
@@ -58,9 +60,9 @@ fn python() -> Option<PathBuf> {
         .clone()
 }
 
-fn has_redis_py(python: &Path) -> bool {
+fn has_redsem(python: &Path) -> bool {
     std::process::Command::new(python)
-        .args(["-c", "import redis"])
+        .args(["-c", "import redsem"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
@@ -70,35 +72,21 @@ fn find_python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("REDSEM_PYTHON").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         assert!(
-            has_redis_py(&p),
-            "REDSEM_PYTHON={} cannot import redis",
+            has_redsem(&p),
+            "REDSEM_PYTHON={} cannot import redsem",
             p.display()
         );
         return Some(p);
     }
-    let venv = root().join(".cache/interop-venv");
-    let python = venv.join("bin/python");
-    if has_redis_py(&python) {
-        return Some(python);
-    }
-    // Make the venv (in a private directory first: test processes may race to do it).
-    let tmp = root().join(format!(".cache/interop-venv.tmp{}", std::process::id()));
-    let ok = std::process::Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&tmp)
+    // Installs the package into the venv, or re-installs it if its sources changed (a no-op
+    // otherwise; serialized with a lock file, as test processes run this concurrently).
+    let installed = std::process::Command::new("bash")
+        .arg(root().join("scripts/install-deps.sh"))
+        .arg("interop-python")
         .status()
-        .is_ok_and(|s| s.success())
-        && std::process::Command::new(tmp.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(root().join("interop/python/requirements.txt"))
-            .status()
-            .is_ok_and(|s| s.success());
-    if ok && std::fs::rename(&tmp, &venv).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp); // another process made it meanwhile
-    } else if !ok {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    has_redis_py(&python).then_some(python)
+        .is_ok_and(|s| s.success());
+    let python = root().join(".cache/interop-venv/bin/python");
+    (installed && has_redsem(&python)).then_some(python)
 }
 
 /// Starts `interop/python/worker.py` with these arguments.
@@ -359,6 +347,44 @@ async fn a_python_holder_renews_past_its_lease_while_rust_waits() {
         "Python's heartbeat kept its lease: nothing expired"
     );
     assert_eq!(stats.grants_total, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_python_holders_slot_is_back_within_one_lease() {
+    let Some(python) = python() else { return };
+    let server = Server::start(Flavor::Redis);
+    let client = client(&server).await;
+    let lease = Duration::from_secs(1);
+    let sem = open(&client, "killed", 1, lease).await;
+    let mut worker = python_worker(
+        &python,
+        &server,
+        "killed",
+        &["--limit", "1", "--lease-ms", "1000", "--hold-ms", "600000"],
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || card(&server, "killed", "slots")
+            == 1)
+        .await,
+        "the Python worker did not acquire"
+    );
+    worker.kill().await.unwrap(); // SIGKILL: no release, no more renewals
+    let killed = std::time::Instant::now();
+    let permit = tokio::time::timeout(Duration::from_secs(30), sem.acquire())
+        .await
+        .expect("the killed holder's slot never came back")
+        .unwrap();
+    let waited = killed.elapsed();
+    assert_eq!(permit.fences()[0].generation, 2);
+    permit.release().await.unwrap();
+    // its lease ran out (at most one lease after its last renewal, before the kill) and the
+    // Rust waiter took the slot over; generous bound: three leases
+    assert!(waited <= 3 * lease, "granted {waited:?} after the kill");
+    assert_eq!(
+        sem.stats().await.unwrap().expired_total,
+        1,
+        "the Python holder was reaped, not released"
+    );
 }
 
 #[tokio::test]

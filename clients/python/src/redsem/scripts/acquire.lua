@@ -1,0 +1,45 @@
+-- acquire: for each request of a batch, take a ticket (or, in try mode, take capacity only if
+-- it is free now). Requests are handled in order, as if sent one after the other: a batch is
+-- what a client gathered while its previous call was in flight, so FIFO order is kept.
+-- ARGV (after the common header): 4 k (number of requests), then 7 values per request:
+--   id, n, holder lease ms, waiter lease ms, client channel suffix, label, mode ("wait"|"try")
+-- Reply: one reply per request, in order:
+--        {1, slots, fences, ticket}   granted now
+--        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
+--        {-1}                         try mode: no capacity (or others are queued: FIFO)
+--        {-2, limit}                  n exceeds the limit
+-- Idempotent per id: re-sending the same id returns the entry's current state.
+local now = now_ms()
+local limit = load_limit()
+settle(now, limit, false)
+
+local function one(id, n, lease, wait_lease, channel, label, mode)
+  if n > limit then return { -2, limit } end
+  local m = get_meta(id)
+  if m then
+    if m.s then return held_reply(m) end
+    return { 0, m.t, next_expiry(now) }
+  end
+  m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
+  -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
+  if redis.call('ZCARD', K_QUEUE) == 0 and redis.call('HLEN', K_SLOTS) + n <= limit then
+    m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
+    grant(id, m, now, true)
+    return held_reply(m)
+  end
+  if mode == 'try' then return { -1 } end
+  -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
+  m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
+  redis.call('ZADD', K_QUEUE, m.t, id)
+  redis.call('ZADD', K_EXP, now + m.w, id)
+  redis.call('HSET', K_META, id, cjson.encode(m))
+  return { 0, m.t, next_expiry(now) }
+end
+
+local replies = {}
+for j = 0, tonumber(ARGV[4]) - 1 do
+  local b = 5 + 7 * j
+  replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+    tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+end
+return replies

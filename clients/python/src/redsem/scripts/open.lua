@@ -1,0 +1,11 @@
+-- open: check that the keys hold what redsem expects (a WRONGTYPE error otherwise), create the
+-- configuration on first use, and report the stored limit.
+-- Reply: {stored_limit, created (0|1)}
+local existed = redis.call('EXISTS', K_CFG)
+-- touch every key with a read of its expected type: raises WRONGTYPE for a foreign key
+redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE); redis.call('ZCARD', K_EXP)
+redis.call('HLEN', K_META); redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE)
+redis.call('HLEN', K_FENCE)
+local limit = load_limit()
+settle(now_ms(), limit, true)
+return { limit, 1 - existed }

@@ -1,0 +1,179 @@
+-- redsem prelude: shared by every script (prepended by scripts/mod.rs).
+--
+-- KEYS (all under one hash tag, see keys.rs):
+--   1 cfg    hash  limit, ver, grants, expired, seq
+--   2 queue  zset  waiting tickets: member = id, score = ticket number (FIFO order)
+--   3 exp    zset  leases of holders AND waiters: member = id, score = expiry (ms, Redis TIME)
+--   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
+--                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots), f (fences)}
+--   5 slots  hash  slot number -> id of its holder
+--   6 free   zset  free slot numbers below the limit (member = score = slot)
+--   7 fence  hash  slot number -> generation, incremented every time the slot is granted
+-- ARGV (common header):
+--   1 limit used only when cfg does not exist (first open, or data loss)
+--   2 channel base: a grant for a waiter whose client channel suffix is c is published on base..c
+--   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
+local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local CH_BASE, PUB = ARGV[2], ARGV[3]
+local CREATED = false -- set when this call had to (re)create the configuration
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
+-- refuses a semaphore written under another version rather than misread it.
+local PROTOCOL = 1
+
+-- The stored limit; (re)creates the configuration and the free-slot set when missing.
+local function load_limit()
+  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver')
+  if cfg[1] then
+    if cfg[2] and tonumber(cfg[2]) ~= PROTOCOL then
+      error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. cfg[2]
+        .. ', this client speaks version ' .. PROTOCOL .. ': use a client that speaks it' })
+    end
+    return tonumber(cfg[1])
+  end
+  local l = tonumber(ARGV[1])
+  CREATED = true
+  redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
+  redis.call('DEL', K_FREE)
+  for s = 0, l - 1 do
+    if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
+  end
+  return l
+end
+
+local function get_meta(id)
+  local raw = redis.call('HGET', K_META, id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+-- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
+-- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step.)
+local function drop_entry(id, m, limit)
+  redis.call('ZREM', K_EXP, id)
+  redis.call('HDEL', K_META, id)
+  if m and m.s then
+    for _, s in ipairs(m.s) do
+      redis.call('HDEL', K_SLOTS, s)
+      if s < limit then redis.call('ZADD', K_FREE, s, s) end
+    end
+  else
+    redis.call('ZREM', K_QUEUE, id)
+  end
+end
+
+-- Removes every entry whose lease expired (holders and waiters alike).
+local function reap(now, limit)
+  local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 512)
+  for _, id in ipairs(dead) do
+    drop_entry(id, get_meta(id), limit)
+  end
+  if #dead > 0 then redis.call('HINCRBY', K_CFG, 'expired', #dead) end
+  return #dead
+end
+
+-- Makes an entry a holder: lowest free slots, next generation per slot. A queued waiter keeps
+-- its current lease (a waiter that died just before its grant blocks the slot no longer than
+-- its own lease; a live one renews it as a holder); a fresh entry (try mode) gets a lease.
+local function grant(id, m, now, fresh)
+  local popped = redis.call('ZPOPMIN', K_FREE, m.n)
+  local slots, fences = {}, {}
+  for i = 1, #popped, 2 do
+    local s = tonumber(popped[i])
+    redis.call('HSET', K_SLOTS, s, id)
+    slots[#slots + 1] = s
+    fences[#fences + 1] = redis.call('HINCRBY', K_FENCE, s, 1)
+  end
+  m.s, m.f, m.a = slots, fences, now
+  redis.call('ZREM', K_QUEUE, id)
+  if fresh then redis.call('ZADD', K_EXP, now + m.l, id) end
+  redis.call('HSET', K_META, id, cjson.encode(m))
+  redis.call('HINCRBY', K_CFG, 'grants', 1)
+end
+
+-- Grants the head of the queue while capacity allows (strict FIFO: a head that needs more
+-- permits than are free blocks everyone behind it). Returns the grants and rejections made.
+local function pump(now, limit)
+  local out = {}
+  local used = nil
+  while true do
+    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    if not head then break end
+    used = used or redis.call('HLEN', K_SLOTS)
+    local m = get_meta(head)
+    if not m then
+      redis.call('ZREM', K_QUEUE, head)
+      redis.call('ZREM', K_EXP, head)
+    elseif m.n > limit then
+      -- can never be satisfied (the limit shrank below the request): reject it
+      drop_entry(head, m, limit)
+      out[#out + 1] = { head, m, false }
+    elseif used + m.n > limit then
+      break
+    else
+      grant(head, m, now, false)
+      used = used + m.n
+      out[#out + 1] = { head, m, true }
+    end
+  end
+  return out
+end
+
+local function join(t)
+  local parts = {}
+  for i, v in ipairs(t) do parts[i] = string.format('%d', v) end
+  return table.concat(parts, ',')
+end
+
+-- Publishes each grant to the client that owns the waiter (one message per client), except
+-- the entry `skip` (the caller learns its own grant from the reply).
+-- Message: records separated by ';'  "g:<id>:<ticket>:<slots>:<fences>" granted, "x:<id>" rejected.
+local function publish(out, skip)
+  local by_client, order = {}, {}
+  for _, r in ipairs(out) do
+    local id, m, ok = r[1], r[2], r[3]
+    if id ~= skip then
+      local rec
+      if ok then
+        rec = 'g:' .. id .. ':' .. string.format('%d', m.t) .. ':' .. join(m.s) .. ':' .. join(m.f)
+      else
+        rec = 'x:' .. id
+      end
+      if not by_client[m.c] then by_client[m.c] = {}; order[#order + 1] = m.c end
+      table.insert(by_client[m.c], rec)
+    end
+  end
+  for _, c in ipairs(order) do
+    redis.call(PUB, CH_BASE .. c, table.concat(by_client[c], ';'))
+  end
+end
+
+-- Reap, then grant what the freed capacity allows, then notify. Every script starts here.
+-- Invariant: after every script, the head of the queue cannot be granted (each change that
+-- frees capacity pumps), so only a reap (or `force`) can make a grant possible here.
+local function settle(now, limit, force)
+  if reap(now, limit) > 0 or force or CREATED then
+    publish(pump(now, limit), nil)
+  end
+end
+
+-- Milliseconds until the nearest lease expiry (the earliest moment reaping can free
+-- capacity without a notification), or -1 when there is none.
+local function next_expiry(now)
+  local e = redis.call('ZRANGE', K_EXP, 0, 0, 'WITHSCORES')
+  if #e == 0 then return -1 end
+  local d = tonumber(e[2]) - now
+  if d < 0 then d = 0 end
+  return d
+end
+
+-- A holder's reply: {1, slots, fences, ticket}
+local function held_reply(m)
+  return { 1, m.s or {}, m.f or {}, m.t }
+end

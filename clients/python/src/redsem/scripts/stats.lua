@@ -1,0 +1,31 @@
+-- stats: a consistent snapshot (reaps and grants first, like every script).
+-- Reply: {now_ms, limit, permits_in_use, grants, expired, holders_json, waiters_json}
+-- holders_json: JSON array of {id, meta} in no particular order (with lease expiry "e");
+-- waiters_json: JSON array of {id, meta} in queue (FIFO) order.
+local now = now_ms()
+local limit = load_limit()
+settle(now, limit, true)
+local function entries(ids)
+  local arr = {}
+  for _, id in ipairs(ids) do
+    local m = get_meta(id)
+    if m then
+      m.id = id
+      m.e = tonumber(redis.call('ZSCORE', K_EXP, id))
+      arr[#arr + 1] = m
+    end
+  end
+  return arr
+end
+local holder_ids, seen = {}, {}
+local sl = redis.call('HVALS', K_SLOTS)
+for _, id in ipairs(sl) do
+  if not seen[id] then seen[id] = true; holder_ids[#holder_ids + 1] = id end
+end
+local waiting = redis.call('ZRANGE', K_QUEUE, 0, -1)
+local h, w = entries(holder_ids), entries(waiting)
+local function enc(t) if #t == 0 then return '[]' end return cjson.encode(t) end
+return { now, limit, redis.call('HLEN', K_SLOTS),
+  tonumber(redis.call('HGET', K_CFG, 'grants') or '0'),
+  tonumber(redis.call('HGET', K_CFG, 'expired') or '0'),
+  enc(h), enc(w) }

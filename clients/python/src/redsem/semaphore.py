@@ -1,0 +1,451 @@
+"""`Semaphore`: one open handle of a distributed semaphore, with its notification listener
+and its heartbeat (two asyncio tasks), as docs/PROTOCOL.md "What a client must do" asks.
+
+- The listener reads the handle's own channel and delivers grants (`g:`) and rejections
+  (`x:`) to the waiting acquires; after the subscriber reconnects it makes the heartbeat
+  re-check every waiter (notifications are at-most-once).
+- The heartbeat renews every holder and waiter of the handle in one `renew.lua` call: every
+  renewal interval while anything is held or queued, at least every fallback interval while
+  anything waits (finding grants whose notification was lost), and once the nearest lease in
+  Redis is due to expire (so a crashed holder's slot is taken over without delay).
+- A holder whose lease was not confirmed by `last confirmed renewal + lease - margin`
+  (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even while a
+  renewal call hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from . import _protocol
+from .errors import (
+    CLOSED,
+    NOT_HOLDER,
+    UNREACHABLE,
+    Closed,
+    InvalidArgument,
+    LimitConflict,
+    NoPermits,
+    RedsemError,
+    Timeout,
+    TooManyPermits,
+)
+from .permit import AcquireContext, Permit
+from .stats import Stats
+
+if TYPE_CHECKING:
+    from .client import Client
+
+log = logging.getLogger("redsem")
+
+#: Delay before retrying a failed renewal.
+RETRY = 0.2
+#: Told to an acquire whose ticket vanished while it waited: it queues again, at the back.
+_REQUEUE = object()
+
+
+@dataclass
+class _Waiter:
+    n: int
+    future: "asyncio.Future[Any]"
+    renewed_at: float = field(default_factory=time.monotonic)
+    #: Set once `acquire.lua` answered "queued": only then does the heartbeat renew it (a
+    #: renewal that reached Redis before the acquire would find it "gone").
+    queued: bool = False
+
+
+class Semaphore:
+    """A handle on the distributed semaphore `name`, made by `Client.semaphore()`.
+
+    `acquire()` waits in FIFO order (tickets are shared by every process and language);
+    `try_acquire()` takes permits only if free now and nobody is queued. Close it with
+    `await sem.close()` (the client's `close()` closes all its handles).
+    """
+
+    def __init__(self, client: "Client", name: str, *, limit: int, lease: float, renew_every: Optional[float],
+                 fallback_poll: float, label: str):
+        try:
+            self._keys = _protocol.Keys(client.prefix, name)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        if not isinstance(limit, int) or not 1 <= limit <= _protocol.MAX_LIMIT:
+            raise InvalidArgument(f"limit must be between 1 and {_protocol.MAX_LIMIT}, not {limit!r}")
+        if lease < _protocol.MIN_LEASE:
+            raise InvalidArgument(f"lease {lease}s is shorter than the minimum of {_protocol.MIN_LEASE}s")
+        renew_every = lease / 3 if renew_every is None else renew_every
+        if not 0 < renew_every <= lease / 2:
+            raise InvalidArgument(
+                f"renewal interval {renew_every}s must be greater than zero and at most half the lease ({lease}s)")
+        if fallback_poll < 0.001:
+            raise InvalidArgument("fallback poll interval must be at least 1ms")
+        if len(label.encode()) > _protocol.MAX_LABEL_LEN:
+            raise InvalidArgument(f"label is {len(label.encode())} bytes long; the maximum is {_protocol.MAX_LABEL_LEN}")
+        self._client = client
+        self.name = name
+        self.limit = limit
+        """The limit stored in Redis when the handle was opened."""
+        self._lease = lease
+        self._lease_ms = int(round(lease * 1000))
+        self._renew_every = renew_every
+        self._fallback = min(fallback_poll, renew_every)
+        self._margin = min(lease / 10, 1.0)
+        self._label = label
+        self._suffix = client._next_suffix()
+        self._channel = self._keys.channel(self._suffix)
+        self._waiters: Dict[str, _Waiter] = {}
+        self._holders: Dict[str, Permit] = {}
+        self._wake = asyncio.Event()
+        self._force = False
+        self._next_check: Optional[float] = None
+        self._waiters_checked_at = time.monotonic()
+        self._retry_at: Optional[float] = None
+        self._beat_task: Optional[asyncio.Task] = None
+        self._tasks: List[asyncio.Task] = []
+        self._pubsub: Any = None
+        self._closed = False
+
+    # -- opening and closing ------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        """Subscribe (confirmed), then `open.lua`; start the listener and the heartbeat."""
+        self._pubsub = self._client.redis.pubsub()
+        try:
+            try:
+                await self._pubsub.subscribe(self._channel)
+                deadline = time.monotonic() + 10
+                while True:  # wait for the confirmation: no grant published later is missed
+                    msg = await self._pubsub.get_message(timeout=1.0)
+                    if msg and msg["type"] in ("subscribe", b"subscribe"):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RedsemError(f"no confirmation of SUBSCRIBE {self._channel}")
+            except Exception as e:
+                if isinstance(e, RedsemError):
+                    raise
+                from .errors import from_redis
+                raise from_redis(e, self.name) from e
+            stored, _created = _protocol.parse_open(await self._call("open", []))
+            if stored != self.limit:
+                raise LimitConflict(self.name, self.limit, stored)
+        except BaseException:
+            await self._close_pubsub()
+            raise
+        self._tasks = [asyncio.ensure_future(self._listen()), asyncio.ensure_future(self._heartbeat())]
+
+    async def _close_pubsub(self) -> None:
+        if self._pubsub is not None:
+            try:
+                close = getattr(self._pubsub, "aclose", None) or self._pubsub.close
+                await close()
+            except Exception:  # closing anyway
+                pass
+
+    async def close(self) -> None:
+        """Stops the handle: pending acquires fail with `Closed`, held permits are released
+        (and marked lost: nothing renews them any more). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tasks + ([self._beat_task] if self._beat_task else []):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for id, w in list(self._waiters.items()):
+            if not w.future.done():
+                w.future.set_exception(Closed())
+        self._waiters.clear()
+        holders = list(self._holders.values())
+        self._holders.clear()
+        for p in holders:
+            p._lose(CLOSED)
+            p._released = True
+        if holders:
+            self._release_later([p.holder_id for p in holders])
+        await self._close_pubsub()
+        if self in self._client._semaphores:
+            self._client._semaphores.remove(self)
+
+    async def __aenter__(self) -> "Semaphore":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def _call(self, script: str, args: List[Any]) -> Any:
+        return await self._client._call(script, self._keys, self.limit, args, name=self.name)
+
+    def _release_later(self, ids: List[str]) -> None:
+        async def release() -> None:
+            try:
+                await self._call("release", _protocol.release_args(ids))
+            except RedsemError as e:  # the leases expire by themselves
+                log.warning("redsem: release of %s failed (%s); the lease will expire", ids, e)
+
+        self._client._spawn(release())
+
+    async def _release_holder(self, id: str) -> None:
+        self._holders.pop(id, None)
+        try:
+            await self._call("release", _protocol.release_args([id]))
+        except RedsemError as e:
+            log.warning("redsem: release of %s failed (%s); retrying in the background", id, e)
+            self._release_later([id])
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    # -- acquiring ------------------------------------------------------------------------------
+
+    def acquire(self, n: int = 1, *, timeout: Optional[float] = None, cancel_on_loss: bool = True) -> AcquireContext:
+        """Waits for `n` permits in FIFO order, at most `timeout` seconds (None: forever).
+
+        `permit = await sem.acquire()` returns a `Permit` to release yourself;
+        `async with sem.acquire() as permit:` releases it on exit and, if the permit is lost
+        while the body runs, cancels the body and raises `LeaseLost` (unless
+        `cancel_on_loss=False`).
+
+        Raises `Timeout` (the ticket is given up), `TooManyPermits` (n > limit), `Closed`,
+        `Unreachable`... Cancelling the waiting task gives the ticket up too.
+        """
+        return AcquireContext(lambda: self._acquire(n, timeout, False), cancel_on_loss)
+
+    async def try_acquire(self, n: int = 1) -> Permit:
+        """`n` permits if free right now and nobody is queued (FIFO), else `NoPermits`.
+        One round trip."""
+        return await self._acquire(n, None, True)
+
+    def try_acquire_ctx(self, n: int = 1, *, cancel_on_loss: bool = True) -> AcquireContext:
+        """`try_acquire` as `async with sem.try_acquire_ctx() as permit:`."""
+        return AcquireContext(lambda: self._acquire(n, None, True), cancel_on_loss)
+
+    async def _acquire(self, n: int, timeout: Optional[float], try_only: bool) -> Permit:
+        if self._closed:
+            raise Closed()
+        if not isinstance(n, int) or n < 1:
+            raise InvalidArgument(f"acquire at least one permit, not {n!r}")
+        if timeout is not None and timeout < 0:
+            raise InvalidArgument(f"timeout must not be negative, not {timeout!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            id = _protocol.new_entry_id(self._suffix)
+            w: Optional[_Waiter] = None
+            if not try_only:
+                w = _Waiter(n, loop.create_future())
+                self._waiters[id] = w  # before the call: the grant may be published first
+            req = _protocol.Request(id, n, self._lease_ms, self._lease_ms, self._suffix, self._label, try_only)
+            sent = time.monotonic()
+            try:
+                reply = _protocol.parse_acquire(await self._call("acquire", _protocol.acquire_args([req])))[0]
+            except BaseException:
+                self._give_up(id, w)
+                raise
+            if isinstance(reply, _protocol.Held):
+                if w is None:
+                    return self._new_holder(id, n, reply.grant, sent)
+                w.renewed_at = sent
+                self._deliver(id, reply.grant, sent)
+            elif isinstance(reply, _protocol.Queued):
+                if w is not None:
+                    if not any(other.queued for other in self._waiters.values()):
+                        self._waiters_checked_at = sent  # the first queued waiter: poll from now
+                    w.renewed_at = max(w.renewed_at, sent)
+                    w.queued = True
+                self._expect_expiry(reply.next_expiry_ms)
+                self._poke()
+            elif isinstance(reply, _protocol.Busy):
+                self._waiters.pop(id, None)
+                raise NoPermits(self.name)
+            else:
+                self._waiters.pop(id, None)
+                raise TooManyPermits(n, reply.limit)
+            assert w is not None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                result = await asyncio.wait_for(asyncio.shield(w.future), left)
+            except asyncio.TimeoutError:
+                if not w.future.done():
+                    self._give_up(id, w)
+                    raise Timeout(self.name, timeout or 0.0) from None
+                result = w.future.result()  # delivered right at the deadline
+            except asyncio.CancelledError:
+                self._give_up(id, w)
+                raise
+            if result is _REQUEUE:
+                log.info("redsem: the ticket of %s vanished while it waited; queueing again", id)
+                continue
+            return result
+
+    def _give_up(self, id: str, w: Optional[_Waiter]) -> None:
+        """The acquire will not take its permit: cancel the ticket, or release a grant that
+        arrived meanwhile."""
+        if self._waiters.pop(id, None) is not None:
+            self._release_later([id])
+        elif w is not None and w.future.done() and not w.future.cancelled():
+            if w.future.exception() is None and isinstance(w.future.result(), Permit):
+                permit = w.future.result()
+                self._holders.pop(id, None)
+                permit._released = True
+                self._release_later([id])
+
+    def _new_holder(self, id: str, n: int, grant: _protocol.Grant, renewed_at: float) -> Permit:
+        permit = Permit(self, id, n, grant.ticket, grant.slots, grant.fences, renewed_at)
+        self._holders[id] = permit
+        self._poke()
+        return permit
+
+    def _deliver(self, id: str, grant: _protocol.Grant, confirmed_at: Optional[float] = None) -> None:
+        """A grant for `id` (from a reply, a notification or a renewal)."""
+        w = self._waiters.pop(id, None)
+        if w is None:
+            if id not in self._holders:  # nobody waits for it any more: give the slots back
+                self._release_later([id])
+            return
+        renewed = w.renewed_at if confirmed_at is None else max(w.renewed_at, confirmed_at)
+        permit = self._new_holder(id, w.n, grant, renewed)
+        if not w.future.done():
+            w.future.set_result(permit)
+
+    def _reject(self, id: str) -> None:
+        w = self._waiters.pop(id, None)
+        if w is not None and not w.future.done():
+            w.future.set_exception(TooManyPermits(w.n, None))
+
+    def _expect_expiry(self, next_expiry_ms: int) -> None:
+        if next_expiry_ms >= 0:
+            at = time.monotonic() + next_expiry_ms / 1000 + 0.002
+            self._next_check = at if self._next_check is None else min(self._next_check, at)
+            self._poke()
+
+    # -- notifications --------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                msg = await self._pubsub.get_message(timeout=5.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # redis-py reconnects and resubscribes on the next read
+                log.warning("redsem: subscriber of %s failed (%s); reconnecting", self.name, e)
+                await asyncio.sleep(RETRY)
+                continue
+            if not msg:
+                continue
+            kind = msg["type"].decode() if isinstance(msg["type"], bytes) else msg["type"]
+            if kind == "subscribe":
+                # (re)subscribed: a grant published while we were not may be lost; look now
+                self._force = True
+                self._poke()
+            elif kind == "message":
+                for notice in _protocol.parse_notices(msg["data"]):
+                    if notice.grant is not None:
+                        self._deliver(notice.id, notice.grant)
+                    else:
+                        self._reject(notice.id)
+
+    # -- heartbeat ------------------------------------------------------------------------------
+
+    def _next_wakeup(self, in_flight: bool) -> Optional[float]:
+        times = [p._deadline() for p in self._holders.values()]
+        if in_flight:
+            pass
+        elif self._retry_at is not None:
+            times.append(self._retry_at)  # after a failed call, nothing is due before the retry
+        else:
+            times += [p._renewed_at + self._renew_every for p in self._holders.values()]
+            if any(w.queued for w in self._waiters.values()):
+                times.append(self._waiters_checked_at + self._fallback)
+                if self._next_check is not None:
+                    times.append(self._next_check)
+        return min(times) if times else None
+
+    def _lose_overdue(self, now: float) -> None:
+        for permit in list(self._holders.values()):
+            if permit._deadline() <= now:
+                self._lose(permit, UNREACHABLE)
+
+    def _lose(self, permit: Permit, reason: str) -> None:
+        if self._holders.pop(permit.holder_id, None) is None:
+            return  # released meanwhile
+        log.warning("redsem: lease lost: %r (%s)", permit, reason)
+        permit._lose(reason)
+        self._release_later([permit.holder_id])
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            self._lose_overdue(now)
+            if self._beat_task is None:
+                wake = self._next_wakeup(False)
+                if self._force or (wake is not None and wake <= now):
+                    self._force = False
+                    self._beat_task = asyncio.ensure_future(self._beat())
+            wake = self._next_wakeup(self._beat_task is not None)
+            delay = None if wake is None else max(0.0, wake - time.monotonic())
+            waits = [asyncio.ensure_future(self._wake.wait())]
+            if self._beat_task is not None:
+                waits.append(self._beat_task)
+            try:
+                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waits[0].cancel()
+            if self._beat_task is not None and self._beat_task.done():
+                task, self._beat_task = self._beat_task, None
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("redsem: heartbeat of %s failed", self.name, exc_info=task.exception())
+                    self._retry_at = time.monotonic() + RETRY
+
+    async def _beat(self) -> None:
+        """One renewal of every holder and waiter of this handle."""
+        holders = list(self._holders.items())
+        waiters = [id for id, w in self._waiters.items() if w.queued]
+        if not holders and not waiters:
+            return
+        per_call = _protocol.WAITERS_PER_CALL
+        chunks = [waiters[i:i + per_call] for i in range(0, len(waiters), per_call)] or [[]]
+        first_sent = time.monotonic()
+        for i, chunk in enumerate(chunks):
+            mine = holders if i == 0 else []
+            sent = time.monotonic()
+            try:
+                reply = await self._call("renew", _protocol.renew_args([h for h, _ in mine] + chunk))
+            except RedsemError as e:
+                log.warning("redsem: renewal of %s failed (%s); retrying", self.name, e)
+                self._retry_at = time.monotonic() + RETRY
+                return
+            next_expiry, states = _protocol.parse_renew(reply)
+            self._retry_at = None
+            self._next_check = None
+            self._expect_expiry(next_expiry)
+            for (id, permit), state in zip(mine, states):
+                if isinstance(state, _protocol.Held):
+                    permit._confirm(sent)
+                else:
+                    self._lose(permit, NOT_HOLDER)
+            for id, state in zip(chunk, states[len(mine):]):
+                if isinstance(state, _protocol.Held):
+                    self._deliver(id, state.grant, sent)
+                elif isinstance(state, _protocol.Waiting):
+                    w = self._waiters.get(id)
+                    if w is not None:
+                        w.renewed_at = max(w.renewed_at, sent)
+                else:
+                    w = self._waiters.pop(id, None)
+                    if w is not None and not w.future.done():
+                        w.future.set_result(_REQUEUE)
+        self._waiters_checked_at = first_sent
+
+    # -- operators ------------------------------------------------------------------------------
+
+    async def stats(self) -> Stats:
+        """A consistent snapshot of the semaphore: limit, holders, queue. One round trip."""
+        return Stats._from_raw(self.name, _protocol.parse_stats(await self._call("stats", [])))
+
+    def __repr__(self) -> str:
+        return f"Semaphore({self.name!r}, limit={self.limit}, holders={len(self._holders)}, waiters={len(self._waiters)})"
