@@ -420,6 +420,7 @@ async fn force_release(shared: &Shared, name: &str, holder: &str) -> String {
     let mut op = shared.operator.lock().await;
     if op.is_none() {
         let built = redsem::Client::builder(shared.redis_url.as_str())
+            .prefix(crate::config::PREFIX)
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(2))
             .build()
@@ -463,7 +464,7 @@ async fn incarnation_holding(shared: &Shared, sem: usize, holder: &str) -> Optio
         *guard = Some(conn);
     }
     let conn = guard.as_mut()?;
-    let key = format!("redsem:{{{}}}:meta", shared.cfg.sems.get(sem)?.name);
+    let [_, _, _, key, ..] = shared.cfg.keys(&shared.cfg.sems.get(sem)?.name).ok()?;
     let found = tokio::time::timeout(
         Duration::from_secs(2),
         redis::cmd("HEXISTS")
@@ -853,40 +854,33 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
         .query_async(&mut conn)
         .await?;
     st.read_at = now_us();
-    let known: HashSet<String> = cfg
-        .sems
-        .iter()
-        .flat_map(|s| {
-            ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
-                .map(|k| format!("redsem:{{{}}}:{k}", s.name))
-        })
-        .collect();
+    let mut known: HashSet<String> = HashSet::new();
+    for s in &cfg.sems {
+        known.extend(cfg.keys(&s.name)?);
+    }
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
     st.foreign_keys = keys.into_iter().filter(|k| !known.contains(k)).collect();
     let now_ms = st.read_at / 1000;
     let mut latest_expiry = 0i64;
     for s in &cfg.sems {
-        let k = |x: &str| format!("redsem:{{{}}}:{x}", s.name);
+        let [_, queue, exp, meta, slots, ..] = cfg.keys(&s.name)?;
         let exp: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(k("exp"))
+            .arg(exp)
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
         let with_lease: HashSet<&str> = exp.iter().map(|(id, _)| id.as_str()).collect();
-        let meta: Vec<String> = redis::cmd("HKEYS")
-            .arg(k("meta"))
-            .query_async(&mut conn)
-            .await?;
+        let meta: Vec<String> = redis::cmd("HKEYS").arg(meta).query_async(&mut conn).await?;
         let queue: Vec<String> = redis::cmd("ZRANGE")
-            .arg(k("queue"))
+            .arg(queue)
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
             .await?;
         let holders: Vec<String> = redis::cmd("HVALS")
-            .arg(k("slots"))
+            .arg(slots)
             .query_async(&mut conn)
             .await?;
         for id in meta.iter().chain(&queue).chain(&holders) {
@@ -910,7 +904,10 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     // wait for the last lease to run out, then let redsem reap (any script call does)
     let wait = (latest_expiry - now_ms + cfg.slack_ms as i64).clamp(0, 3 * cfg.lease_ms as i64);
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-    let rs = redsem::Client::connect(url).await?;
+    let rs = redsem::Client::builder(url)
+        .prefix(crate::config::PREFIX)
+        .build()
+        .await?;
     for s in &cfg.sems {
         match rs.inspect(&s.name).await {
             Ok(stats) => {
@@ -931,26 +928,23 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     }
     drop(rs);
     for s in &cfg.sems {
-        let k = |x: &str| format!("redsem:{{{}}}:{x}", s.name);
-        for key in ["queue", "exp", "meta", "slots"] {
+        let [cfg_key, queue, exp, meta, slots, free, _] = cfg.keys(&s.name)?;
+        for key in [queue, exp, meta, slots] {
             let exists: i64 = redis::cmd("EXISTS")
-                .arg(k(key))
+                .arg(&key)
                 .query_async(&mut conn)
                 .await?;
             if exists != 0 {
                 st.after_reap
-                    .push(format!("{}: key {} still exists", s.name, k(key)));
+                    .push(format!("{}: key {key} still exists", s.name));
             }
         }
         let cfg_exists: i64 = redis::cmd("EXISTS")
-            .arg(k("cfg"))
+            .arg(cfg_key)
             .query_async(&mut conn)
             .await?;
         if cfg_exists == 1 {
-            let free: i64 = redis::cmd("ZCARD")
-                .arg(k("free"))
-                .query_async(&mut conn)
-                .await?;
+            let free: i64 = redis::cmd("ZCARD").arg(free).query_async(&mut conn).await?;
             if free != i64::from(s.limit) {
                 st.after_reap.push(format!(
                     "{}: {free} free slots of {} once nobody holds any",
