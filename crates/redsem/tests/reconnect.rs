@@ -85,7 +85,15 @@ async fn severed_connections_come_back_and_waiters_are_rechecked_after_resubscri
             proxy.connections()
         );
         // both connections work: a new acquire (commands), and a notified wake-up (subscriber)
-        let sem = client.semaphore("sever", 1).open().await.unwrap();
+        // with polls too rare (every 8 s renewal) to explain a wake-up within 4 s
+        let sem = client
+            .semaphore("sever", 1)
+            .lease(Duration::from_secs(20))
+            .renew_every(Duration::from_secs(8))
+            .fallback_poll(Duration::from_secs(30))
+            .open()
+            .await
+            .unwrap();
         let w = tokio::spawn(async move { sem.acquire().await.unwrap() });
         assert!(
             eventually(Duration::from_secs(5), || card(&server, "sever", "queue")
@@ -98,7 +106,14 @@ async fn severed_connections_come_back_and_waiters_are_rechecked_after_resubscri
             .await
             .unwrap()
             .unwrap();
-        assert!(released.elapsed() < Duration::from_secs(1));
+        // notified, not polled: well within the renewal interval (8 s), which is when the
+        // waiter would next poll
+        assert!(
+            released.elapsed() < Duration::from_secs(4),
+            "{}: woken {:?} after the release",
+            server.flavor(),
+            released.elapsed()
+        );
         drop(p2);
     }
 }
