@@ -7,9 +7,9 @@
 //! due and reap it. It is extended only by what delays that:
 //! - a renewal the dead process had in flight, held up by a fault (its command connection
 //!   black-holed or slowed, Redis asleep), extends the lease from the end of that fault;
-//! - a waiter that cannot act is no evidence: only waiters whose process was not paused,
-//!   stalled or cut off from Redis since the lease could end count, and nothing is judged
-//!   while Redis answers nobody.
+//! - a waiter that cannot act is no evidence: only live waiters whose process was not
+//!   paused, stalled or cut off from Redis since the kill (or the end of that fault) count,
+//!   and nothing is judged while Redis answers nobody.
 //!
 //! It also measures the recovery times (from the kill to the first snapshot without the
 //! entry) of the killed holders whose slots a live waiter wanted, when nothing held them up:
