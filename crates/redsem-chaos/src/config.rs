@@ -5,10 +5,14 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// The key prefix of every run: the workers connect with it, and the runner and the
+/// snapshotter read the semaphores' keys under it (see [`Config::keys`]).
+pub const PREFIX: &str = redsem::DEFAULT_PREFIX;
+
 /// One semaphore the workers share.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SemSpec {
-    /// Name in Redis (key prefix `redsem`).
+    /// Name in Redis (under the key prefix [`PREFIX`]).
     pub name: String,
     /// Its limit.
     pub limit: u32,
@@ -178,6 +182,15 @@ impl Config {
             s("chaos-pool", 4, 2, 30),
             s("chaos-wide", 8, 3, 25),
         ]
+    }
+
+    /// The seven keys of semaphore `name` under the run's prefix, in the library's layout
+    /// and order: `[cfg, queue, exp, meta, slots, free, fence]`.
+    ///
+    /// # Errors
+    /// An invalid semaphore name.
+    pub fn keys(&self, name: &str) -> Result<[String; 7], redsem::Error> {
+        Ok(redsem::Keys::new(PREFIX, name)?.all)
     }
 
     /// The run's lease.

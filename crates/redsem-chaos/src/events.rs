@@ -5,8 +5,8 @@
 //! are buffered (it is never killed) and flushed at the end.
 //!
 //! Every line is `<kind> <time_us> <fields...>`, times in microseconds of `CLOCK_REALTIME`;
-//! the formats are documented where the lines are written (`worker.rs`, `runner.rs`,
-//! `snapshot.rs`) and parsed in `checker.rs`.
+//! the formats are documented where the lines are written (`worker.rs`, `runner/mod.rs`,
+//! `snapshot.rs`) and parsed in `checker/logs.rs` and `checker/snapshots.rs`.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -74,12 +74,6 @@ end
 return res
 "#;
 
-/// The five keys of semaphore `name` that a snapshot reads (see `redsem`'s `keys.rs`).
-fn keys(name: &str) -> [String; 5] {
-    let k = |s: &str| format!("redsem:{{{name}}}:{s}");
-    [k("cfg"), k("queue"), k("exp"), k("meta"), k("slots")]
-}
-
 /// Takes a snapshot every `cfg.snapshot_ms` until `stop`, appending to `path`.
 pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken) {
     let log = match Log::buffered(path) {
@@ -97,7 +91,18 @@ pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken)
             return;
         }
     };
-    let all_keys: Vec<String> = cfg.sems.iter().flat_map(|s| keys(&s.name)).collect();
+    // the first five keys of each semaphore (`cfg`, `queue`, `exp`, `meta`, `slots`), in the
+    // library's layout under the run's prefix
+    let mut all_keys: Vec<String> = Vec::new();
+    for s in &cfg.sems {
+        match cfg.keys(&s.name) {
+            Ok(k) => all_keys.extend_from_slice(&k[..5]),
+            Err(e) => {
+                eprintln!("redsem-chaos: {e}");
+                return;
+            }
+        }
+    }
     let mut interned: HashMap<String, u32> = HashMap::new();
     let mut conn: Option<redis::aio::MultiplexedConnection> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(cfg.snapshot_ms));

@@ -96,6 +96,7 @@ async fn main(args: WorkerArgs, cfg: Config) -> anyhow::Result<()> {
     let lease = cfg.lease();
     let client = loop {
         let built = redsem::Client::builder(&args.url)
+            .prefix(crate::config::PREFIX)
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1))
             .build()

@@ -22,16 +22,21 @@ pub const MAX_NAME_LEN: usize = 200;
 
 /// The names of one semaphore's keys and of its notification channels.
 #[derive(Clone, Debug)]
-pub(crate) struct Keys {
+#[doc(hidden)]
+pub struct Keys {
     pub(crate) name: String,
-    /// The seven keys, in the order every script expects them (see `scripts/prelude.lua`).
-    pub(crate) all: [String; 7],
+    /// The seven keys, in the order every script expects them (see `scripts/prelude.lua`):
+    /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `fence`.
+    #[doc(hidden)]
+    pub all: [String; 7],
     /// Prefix of the per-client notification channels; a client appends its own id.
     pub(crate) channel_base: String,
 }
 
 impl Keys {
-    pub(crate) fn new(prefix: &str, name: &str) -> Result<Keys, Error> {
+    /// The keys of semaphore `name` under `prefix`; fails on an invalid name.
+    #[doc(hidden)]
+    pub fn new(prefix: &str, name: &str) -> Result<Keys, Error> {
         validate_name(name)?;
         let base = format!("{prefix}:{{{name}}}:");
         let k = |suffix: &str| format!("{base}{suffix}");

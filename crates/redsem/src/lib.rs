@@ -108,6 +108,9 @@ pub mod tower;
 pub use client::redact as redact_url;
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::{BackendError, Error, LostReason};
+/// The key layout, for the crates of this workspace (the chaos suite reads the keys).
+#[doc(hidden)]
+pub use keys::Keys;
 pub use keys::MAX_NAME_LEN;
 pub use permit::{Fence, Permit};
 pub use semaphore::{MAX_LIMIT, Semaphore, SemaphoreBuilder};

@@ -62,8 +62,9 @@ fn events(child: Child) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Reads the child's stdout until it prints `EVENT acquired`.
-fn wait_acquired(child: &mut Child) {
+/// Reads the child's stdout until it prints `EVENT acquired`; returns the generation of the
+/// fence of its first slot.
+fn wait_acquired(child: &mut Child) -> u64 {
     let stdout = child.stdout.as_mut().unwrap();
     let mut reader = BufReader::new(stdout);
     let mut line = String::new();
@@ -73,8 +74,9 @@ fn wait_acquired(child: &mut Child) {
             reader.read_line(&mut line).unwrap() > 0,
             "child exited before acquiring"
         );
-        if line.contains("EVENT acquired") {
-            return;
+        if let Some(i) = line.find("EVENT acquired ") {
+            let words: Vec<&str> = line[i..].split_whitespace().collect();
+            return words[3].parse().unwrap();
         }
     }
 }
@@ -85,7 +87,7 @@ fn signal(child: &Child, sig: i32) {
 
 /// Entry point of the child processes (run only by the tests below, through `--ignored`).
 /// Runs TASKS tasks sharing JOBS jobs; each job acquires, prints
-/// `EVENT acquired <acq_ns>` then holds HOLD_MS, then prints `EVENT job <acq_ns> <rel_ns> <ticket>`.
+/// `EVENT acquired <acq_ns> <generation of its first slot>` then holds HOLD_MS, then prints `EVENT job <acq_ns> <rel_ns> <ticket>`.
 #[test]
 #[ignore = "entry point of the child processes of this file's tests"]
 fn child_process() {
@@ -116,7 +118,7 @@ fn child_process() {
                 while remaining.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) > 0 {
                     let p = sem.acquire().await.unwrap();
                     let acq = now_ns();
-                    println!("EVENT acquired {acq}");
+                    println!("EVENT acquired {acq} {}", p.fences()[0].generation);
                     tokio::time::sleep(hold).await;
                     let rel = now_ns();
                     let ticket = p.ticket();
@@ -177,8 +179,10 @@ fn sigkill_of_every_holder_frees_the_slots_within_one_lease() {
             "{}: slot recovered {waited:?} after the kill (lease {lease:?})",
             server.flavor()
         );
+        // the lease, plus one more for the reap and a loaded machine (a slot freed only by
+        // the acquire timeout would take five)
         assert!(
-            waited <= lease + Duration::from_millis(400),
+            waited <= lease * 2,
             "{}: recovered after {waited:?}",
             server.flavor()
         );
@@ -308,7 +312,7 @@ fn a_holder_paused_past_its_lease_loses_its_slot_to_the_next_in_line() {
             lease_ms: lease.as_millis() as u64,
         };
         let mut holder = spawn_child(&spec);
-        wait_acquired(&mut holder);
+        let paused_generation = wait_acquired(&mut holder);
         signal(&holder, libc::SIGSTOP);
         let stopped = Instant::now();
         let rt = tokio::runtime::Runtime::new().unwrap();
@@ -316,12 +320,20 @@ fn a_holder_paused_past_its_lease_loses_its_slot_to_the_next_in_line() {
             let client = client(&server).await;
             let sem = open(&client, "paused", 1, lease).await;
             let p = sem.acquire_timeout(lease * 5).await.unwrap();
-            assert!(stopped.elapsed() <= lease + Duration::from_millis(400));
+            // the lease, plus two more for the waiter's start, the reap and a loaded machine
+            // (a slot freed only by the acquire timeout would take five)
+            let waited = stopped.elapsed();
+            assert!(
+                waited <= lease * 3,
+                "{}: granted after {waited:?}",
+                server.flavor()
+            );
             p.fences()[0]
         });
-        assert_eq!(
-            fence.generation, 2,
-            "the slot went to the next holder with a higher fence"
+        assert!(
+            fence.generation > paused_generation,
+            "the slot went to the next holder with a higher fence: {} after {paused_generation}",
+            fence.generation
         );
         signal(&holder, libc::SIGCONT);
         // the resumed holder's renewal finds its lease gone; its release must not fail

@@ -20,6 +20,15 @@ async fn client_at(url: &str) -> Client {
         .unwrap()
 }
 
+/// A long lease and renewal interval: waiters are renewed (and so polled) only every
+/// renewal interval (8 s), so prompt progress shows the notifier at work.
+fn rarely_polled(c: &Client, name: &str, fallback: Duration) -> redsem::SemaphoreBuilder {
+    c.semaphore(name, 1)
+        .lease(Duration::from_secs(20))
+        .renew_every(Duration::from_secs(8))
+        .fallback_poll(fallback)
+}
+
 /// `client` (through the proxy) waits on `name` while `other` (direct) holds it.
 async fn waiting(
     client: &Client,
@@ -28,15 +37,7 @@ async fn waiting(
     name: &str,
     fallback: Duration,
 ) -> (redsem::Permit, tokio::task::JoinHandle<redsem::Permit>) {
-    // a long lease and renewal interval: waiters are renewed (and so polled) only every
-    // renewal interval, so prompt progress shows the notifier at work
-    let open = |c: &Client| {
-        c.semaphore(name, 1)
-            .lease(Duration::from_secs(20))
-            .renew_every(Duration::from_secs(8))
-            .fallback_poll(fallback)
-            .open()
-    };
+    let open = |c: &Client| rarely_polled(c, name, fallback).open();
     let held = open(other).await.unwrap().acquire().await.unwrap();
     let sem = open(client).await.unwrap();
     let waiter = tokio::spawn(async move { sem.acquire().await.unwrap() });
@@ -85,7 +86,11 @@ async fn severed_connections_come_back_and_waiters_are_rechecked_after_resubscri
             proxy.connections()
         );
         // both connections work: a new acquire (commands), and a notified wake-up (subscriber)
-        let sem = client.semaphore("sever", 1).open().await.unwrap();
+        // with polls too rare to explain a wake-up within 4 s
+        let sem = rarely_polled(&client, "sever", Duration::from_secs(30))
+            .open()
+            .await
+            .unwrap();
         let w = tokio::spawn(async move { sem.acquire().await.unwrap() });
         assert!(
             eventually(Duration::from_secs(5), || card(&server, "sever", "queue")
@@ -98,7 +103,14 @@ async fn severed_connections_come_back_and_waiters_are_rechecked_after_resubscri
             .await
             .unwrap()
             .unwrap();
-        assert!(released.elapsed() < Duration::from_secs(1));
+        // notified, not polled: well within the renewal interval (8 s), which is when the
+        // waiter would next poll
+        assert!(
+            released.elapsed() < Duration::from_secs(4),
+            "{}: woken {:?} after the release",
+            server.flavor(),
+            released.elapsed()
+        );
         drop(p2);
     }
 }

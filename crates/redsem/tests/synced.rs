@@ -175,7 +175,8 @@ async fn what_synced_mode_costs() {
         "acquire+release, uncontended, {rounds} rounds, one replica on loopback: \
          plain p50 {p50} µs p99 {p99} µs; synced_replicas(1) p50 {s50} µs p99 {s99} µs"
     );
-    // one more round trip plus the replica's acknowledgement: slower, but not by a timeout
-    assert!(s50 > p50);
+    // synced mode adds a round trip and the replica's acknowledgement; how much that costs
+    // is the benchmark's to measure. Here: a WAIT answered by the replica, never one that ran
+    // to its timeout (1 s)
     assert!(s99 < 500_000, "synced p99 {s99} µs");
 }

@@ -279,8 +279,10 @@ fn servers_started_in_parallel_get_distinct_ports() {
 const ORPHAN_HELPER: &str = "TEST_SUPPORT_ORPHAN_HELPER";
 
 /// Not a test on its own: run by `servers_die_with_a_test_process_that_is_killed` in a child
-/// process, where it starts a server, prints its pid, and dies without running destructors.
+/// process (through `--ignored`), where it starts a server, prints its pid, and dies without
+/// running destructors.
 #[test]
+#[ignore = "entry point of the child process of servers_die_with_a_test_process_that_is_killed"]
 fn helper_process_that_aborts_while_holding_a_server() {
     if std::env::var_os(ORPHAN_HELPER).is_none() {
         return;
@@ -296,6 +298,7 @@ fn helper_process_that_aborts_while_holding_a_server() {
 fn servers_die_with_a_test_process_that_is_killed() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
+            "--ignored",
             "--exact",
             "helper_process_that_aborts_while_holding_a_server",
             "--nocapture",

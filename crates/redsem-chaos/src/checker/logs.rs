@@ -1,0 +1,378 @@
+//! The logs of a run, parsed: `config.json`, `runner.log` (faults, restarts, spawns and
+//! exits, the fenced resource's decisions), every `w<id>.log` (what each worker believed and
+//! did) and `final.json`, into one model the properties read (see `runner/mod.rs` and
+//! `worker.rs` for the line formats). `snapshots.log` is read by `snapshots.rs`, in one pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::config::{Config, FaultKind, Timing};
+use crate::runner::FinalState;
+
+#[derive(Debug)]
+pub(super) struct Fault {
+    pub(super) t0: i64,
+    pub(super) t1: i64,
+    pub(super) kind: FaultKind,
+    pub(super) slot: Option<usize>,
+    pub(super) worker: Option<u32>,
+    pub(super) detail: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Restart {
+    pub(super) start: i64,
+    pub(super) dead: i64,
+    pub(super) ready: i64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Worker {
+    pub(super) slot: usize,
+    pub(super) spawn: i64,
+    pub(super) exit: Option<(i64, String)>,
+    pub(super) killed_at: Option<i64>,
+    pub(super) client_id: Option<String>,
+    pub(super) stopped: bool,
+    pub(super) stalls: Vec<(i64, i64)>,
+    pub(super) pauses: Vec<(i64, i64)>,
+}
+
+impl Worker {
+    pub(super) fn death(&self) -> i64 {
+        self.killed_at
+            .or(self.exit.as_ref().map(|e| e.0))
+            .unwrap_or(i64::MAX)
+    }
+    pub(super) fn alive(&self, t: i64) -> bool {
+        self.spawn <= t && t < self.death()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Op {
+    pub(super) name: String,
+    pub(super) worker: u32,
+    pub(super) sem: usize,
+    pub(super) n: u32,
+    pub(super) run_style: bool,
+    pub(super) begin: i64,
+    pub(super) acq: Option<i64>,
+    pub(super) holder: Option<String>,
+    pub(super) fences: Vec<(u32, u64)>,
+    pub(super) lost: Option<(i64, String)>,
+    pub(super) cancel: Option<i64>,
+    pub(super) done: Option<i64>,
+    pub(super) fail: Option<(i64, String)>,
+    pub(super) epoch: Option<u32>,
+    /// Redis time (ms) of the grant, from a snapshot.
+    pub(super) granted_ms: Option<i64>,
+    /// Snapshots of its semaphore while it could matter: (Redis µs, valid, epoch known).
+    pub(super) obs: Vec<(i64, bool)>,
+}
+
+impl Op {
+    /// When it stopped believing it held the permit (or `None`: never held).
+    pub(super) fn belief_end(&self, w: &Worker) -> Option<i64> {
+        self.acq?;
+        let ends = [self.done, self.cancel, self.lost.as_ref().map(|l| l.0)];
+        let end = ends.into_iter().flatten().min();
+        Some(end.unwrap_or_else(|| w.death()).min(w.death()))
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Write {
+    pub(super) worker: u32,
+    pub(super) op: String,
+    pub(super) sem: usize,
+    pub(super) slot: u32,
+    pub(super) epoch: Option<u32>,
+    pub(super) generation: u64,
+    pub(super) sent: i64,
+    pub(super) decision: char,
+}
+
+pub(super) struct Logs {
+    pub(super) cfg: Config,
+    pub(super) t: Timing,
+    pub(super) phases: HashMap<String, i64>,
+    pub(super) workers: BTreeMap<u32, Worker>,
+    pub(super) faults: Vec<Fault>,
+    pub(super) restarts: Vec<Restart>,
+    pub(super) holds: HashMap<String, Option<u32>>,
+    pub(super) writes: Vec<Write>,
+    pub(super) ops: Vec<Op>,
+    pub(super) op_index: HashMap<String, usize>,
+    pub(super) client_worker: HashMap<String, u32>,
+    pub(super) final_state: Option<FinalState>,
+    /// (slot, from, to, worker): who occupied each slot when
+    pub(super) occupancy: Vec<(usize, i64, i64, u32)>,
+    /// worker → windows during which its command connection was faulted
+    pub(super) cmd_windows: HashMap<u32, Vec<(i64, i64)>>,
+    /// holder id → (start, end) of an operator's `force_release` of it
+    pub(super) evictions: HashMap<String, (i64, i64)>,
+}
+
+pub(super) fn num<T: std::str::FromStr>(s: Option<&&str>) -> Option<T> {
+    s.and_then(|s| s.parse().ok())
+}
+
+fn parse_runner(text: &str, logs: &mut Logs) {
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f[0] {
+            "phase" if f.len() == 3 => {
+                logs.phases
+                    .insert(f[2].to_owned(), num(f.get(1)).unwrap_or(0));
+            }
+            "spawn" if f.len() == 5 => {
+                let (Some(t), Some(id), Some(slot)) =
+                    (num(f.get(1)), num::<u32>(f.get(2)), num(f.get(3)))
+                else {
+                    continue;
+                };
+                let w = logs.workers.entry(id).or_default();
+                w.spawn = t;
+                w.slot = slot;
+            }
+            "exit" if f.len() == 4 => {
+                let (Some(t), Some(id)) = (num(f.get(1)), num::<u32>(f.get(2))) else {
+                    continue;
+                };
+                logs.workers.entry(id).or_default().exit = Some((t, f[3].to_owned()));
+            }
+            "fault" if f.len() == 7 => {
+                let Ok(kind) = f[3].parse::<FaultKind>() else {
+                    continue;
+                };
+                logs.faults.push(Fault {
+                    t0: num(f.get(1)).unwrap_or(0),
+                    t1: num(f.get(2)).unwrap_or(0),
+                    kind,
+                    slot: num(f.get(4)),
+                    worker: num(f.get(5)),
+                    detail: f[6].to_owned(),
+                });
+            }
+            "restart" if f.len() == 4 => {
+                logs.restarts.push(Restart {
+                    start: num(f.get(1)).unwrap_or(0),
+                    dead: num(f.get(2)).unwrap_or(0),
+                    ready: num(f.get(3)).unwrap_or(0),
+                });
+            }
+            "hold" if f.len() == 6 => {
+                logs.holds.insert(f[3].to_owned(), num(f.get(5)));
+            }
+            "write" if f.len() == 10 => {
+                logs.writes.push(Write {
+                    worker: num(f.get(2)).unwrap_or(u32::MAX),
+                    op: f[3].to_owned(),
+                    sem: num(f.get(4)).unwrap_or(usize::MAX),
+                    slot: num(f.get(5)).unwrap_or(u32::MAX),
+                    epoch: num(f.get(6)),
+                    generation: num(f.get(7)).unwrap_or(0),
+                    sent: num(f.get(8)).unwrap_or(0),
+                    decision: f[9].chars().next().unwrap_or('?'),
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+fn parse_worker(id: u32, text: &str, logs: &mut Logs) {
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let t: i64 = num(f.get(1)).unwrap_or(0);
+        let op = |logs: &mut Logs| -> Option<usize> { logs.op_index.get(*f.get(2)?).copied() };
+        match f[0] {
+            "start" if f.len() == 4 => {
+                logs.client_worker.insert(f[3].to_owned(), id);
+                logs.workers.entry(id).or_default().client_id = Some(f[3].to_owned());
+            }
+            "stall" if f.len() == 3 => {
+                let t1 = num(f.get(2)).unwrap_or(t);
+                logs.workers.entry(id).or_default().stalls.push((t, t1));
+            }
+            "stop" => logs.workers.entry(id).or_default().stopped = true,
+            "begin" if f.len() == 8 => {
+                let o = Op {
+                    name: f[2].to_owned(),
+                    worker: id,
+                    sem: num(f.get(3)).unwrap_or(0),
+                    n: num(f.get(4)).unwrap_or(1),
+                    run_style: f[7] == "run",
+                    begin: t,
+                    ..Op::default()
+                };
+                logs.op_index.insert(o.name.clone(), logs.ops.len());
+                logs.ops.push(o);
+            }
+            "acq" if f.len() == 6 => {
+                if let Some(i) = op(logs) {
+                    let o = &mut logs.ops[i];
+                    o.acq = Some(t);
+                    o.holder = Some(f[3].to_owned());
+                    o.fences = f[5]
+                        .split(',')
+                        .filter_map(|p| {
+                            let (s, g) = p.split_once(':')?;
+                            Some((s.parse().ok()?, g.parse().ok()?))
+                        })
+                        .collect();
+                }
+            }
+            "fail" if f.len() == 4 => {
+                if let Some(i) = op(logs) {
+                    logs.ops[i].fail = Some((t, f[3].to_owned()));
+                }
+            }
+            "lost" if f.len() == 4 => {
+                if let Some(i) = op(logs) {
+                    logs.ops[i].lost = Some((t, f[3].to_owned()));
+                }
+            }
+            "cancel" if f.len() == 3 => {
+                if let Some(i) = op(logs) {
+                    logs.ops[i].cancel.get_or_insert(t);
+                }
+            }
+            "done" if f.len() == 4 => {
+                if let Some(i) = op(logs) {
+                    logs.ops[i].done = Some(t);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Logs {
+    pub(super) fn load(dir: &Path) -> anyhow::Result<Logs> {
+        let cfg: Config = serde_json::from_slice(
+            &std::fs::read(dir.join("config.json")).context("reading config.json")?,
+        )?;
+        let mut logs = Logs {
+            t: cfg.us(),
+            cfg,
+            phases: HashMap::new(),
+            workers: BTreeMap::new(),
+            faults: Vec::new(),
+            restarts: Vec::new(),
+            holds: HashMap::new(),
+            writes: Vec::new(),
+            ops: Vec::new(),
+            op_index: HashMap::new(),
+            client_worker: HashMap::new(),
+            final_state: None,
+            occupancy: Vec::new(),
+            cmd_windows: HashMap::new(),
+            evictions: HashMap::new(),
+        };
+        let runner =
+            std::fs::read_to_string(dir.join("runner.log")).context("reading runner.log")?;
+        parse_runner(&runner, &mut logs);
+        let ids: Vec<u32> = logs.workers.keys().copied().collect();
+        for id in ids {
+            let text = std::fs::read_to_string(dir.join(format!("w{id}.log"))).unwrap_or_default();
+            parse_worker(id, &text, &mut logs);
+        }
+        logs.final_state = std::fs::read(dir.join("final.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        for f in &logs.faults {
+            if f.kind == FaultKind::ForceRelease
+                && let Some(rest) = f.detail.strip_prefix("holder=")
+                && let Some((holder, removed)) = rest.split_once(",removed=")
+                && removed != "false"
+            {
+                logs.evictions.insert(holder.to_owned(), (f.t0, f.t1));
+            }
+            let Some(w) = f.worker else { continue };
+            match f.kind {
+                FaultKind::KillHolder | FaultKind::KillWaiter => {
+                    if let Some(wk) = logs.workers.get_mut(&w) {
+                        wk.killed_at = Some(f.t0);
+                    }
+                }
+                FaultKind::PauseShort | FaultKind::PauseLong => {
+                    if let Some(wk) = logs.workers.get_mut(&w) {
+                        wk.pauses.push((f.t0, f.t1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (&id, w) in &logs.workers {
+            logs.occupancy.push((w.slot, w.spawn, w.death(), id));
+        }
+        logs.compute_cmd_windows();
+        for o in &mut logs.ops {
+            o.epoch = logs.holds.get(&o.name).copied().flatten();
+        }
+        Ok(logs)
+    }
+
+    pub(super) fn restart_pairs(&self) -> Vec<(i64, i64)> {
+        self.restarts.iter().map(|r| (r.start, r.dead)).collect()
+    }
+
+    /// Windows during which `worker`'s process did not run: injected pauses and observed
+    /// stalls.
+    pub(super) fn halts(&self, worker: u32) -> Vec<(i64, i64)> {
+        let Some(w) = self.workers.get(&worker) else {
+            return Vec::new();
+        };
+        w.pauses.iter().chain(&w.stalls).copied().collect()
+    }
+
+    /// Windows during which `worker`'s command connection was faulted (plus the time the
+    /// connection manager may take to reconnect).
+    pub(super) fn cmd_faults(&self, worker: u32) -> Vec<(i64, i64)> {
+        self.cmd_windows.get(&worker).cloned().unwrap_or_default()
+    }
+
+    fn compute_cmd_windows(&mut self) {
+        let mut by_slot: HashMap<usize, Vec<(i64, i64, u32)>> = HashMap::new();
+        for &(slot, from, to, w) in &self.occupancy {
+            by_slot.entry(slot).or_default().push((from, to, w));
+        }
+        for f in &self.faults {
+            let Some(slot) = f.slot else { continue };
+            let after = match f.kind {
+                FaultKind::CutCmd => 2_500_000,
+                FaultKind::BlackholeCmd | FaultKind::Latency => 100_000,
+                _ => continue,
+            };
+            let (a, b) = (f.t0, f.t1 + after);
+            for &(from, to, w) in by_slot.get(&slot).into_iter().flatten() {
+                if from <= b && to >= a {
+                    self.cmd_windows.entry(w).or_default().push((a, b));
+                }
+            }
+        }
+    }
+
+    /// Windows during which Redis did not answer anyone (DEBUG SLEEP, restarts, and the
+    /// reconnection after a restart).
+    pub(super) fn global_halts(&self) -> Vec<(i64, i64)> {
+        let mut out = Vec::new();
+        for f in &self.faults {
+            match f.kind {
+                FaultKind::DebugSleep => out.push((f.t0, f.t1 + 100_000)),
+                FaultKind::RestartDataLoss => out.push((f.t0, f.t1 + 2_500_000)),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    pub(super) fn worker_of_id(&self, id: &str) -> Option<u32> {
+        let client = id.split('.').next()?;
+        self.client_worker.get(client).copied()
+    }
+}

@@ -1,0 +1,208 @@
+//! Property 3, `stale-belief`: a holder that believes it holds while its lease is not valid
+//! in Redis (absent, expired, or with other slots) at a snapshot `s*` is explained only by a
+//! documented fault, and gives its permit up soon after it could know.
+//!
+//! The faults that explain it:
+//! - its process was paused (SIGSTOP) or stalled (no timer fired: starved) between
+//!   `s* − lease` and `s*`: a process that does not run cannot renew, nor learn;
+//! - Redis lost its data after the grant (a restart without persistence);
+//! - an operator force-released it.
+//!
+//! The bound: it stops believing (the guarded work cancelled) within one renewal interval
+//! (+ slack) of the first moment it could learn, because its next renewal tells it:
+//! - `max(s*, end of the pause)`;
+//! - after a data loss, `max(Redis answering again, restart + lease − renewal interval)`:
+//!   its client may still be reconnecting, and then its local deadline ends it;
+//! - after an eviction, the end of the `force_release` (or of a later pause) — or, if Redis
+//!   or its command connection was down meanwhile, its local deadline (lease − margin after
+//!   its last confirmed renewal, sent before the removal), since no renewal could tell it.
+//!
+//! Unexplained, only the slack is tolerated (snapshot and scheduling resolution). The result,
+//! per op, since when it may have been and since when it certainly was stale, explains the
+//! overlaps of property 2 and the rejected writes of property 4.
+
+use super::logs::{Logs, Op};
+use super::report::Report;
+use super::{ms, ms_fmt, overlaps};
+
+/// Since when an op's lease may have been invalid in Redis (`possible`: from the last
+/// snapshot that showed it valid, when something could have made it go unseen), and since
+/// when it certainly was (`sure`: a snapshot showed it invalid while it still believed).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Stale {
+    pub(super) possible: Option<i64>,
+    pub(super) sure: Option<i64>,
+}
+
+/// Checks property 3. Returns, per op, since when it may have been, and since when it
+/// certainly was, invalid in Redis while it believed it held.
+pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
+    let t = logs.t;
+    let global = logs.global_halts();
+    let mut inv = vec![Stale::default(); logs.ops.len()];
+    for (i, o) in logs.ops.iter().enumerate() {
+        let Some(acq) = o.acq else { continue };
+        let w = &logs.workers[&o.worker];
+        let end = o.belief_end(w).unwrap_or(acq);
+        let first_bad = o.obs.iter().position(|&(_, ok)| !ok);
+        let s_valid = o.obs[..first_bad.unwrap_or(o.obs.len())]
+            .iter()
+            .rev()
+            .find(|x| x.1 && x.0 <= end)
+            .map_or(acq, |x| x.0);
+        // did it stop believing because the permit was gone, or could it have been gone
+        // unseen (between two snapshots) while its process did not run?
+        let died = w.killed_at.is_some_and(|k| k <= end);
+        let halted = overlaps(&logs.halts(o.worker), s_valid - t.lease, end);
+        // Redis loses its data when it dies, not when the restart begins: a grant received
+        // between the two (its script ran before the kill) may be gone too. So may a grant
+        // whose acquisition spanned the restart and that the new Redis did not hold (the
+        // runner could not tell its incarnation: `hold … ?`), even if its reply or
+        // notification was read after Redis died.
+        let unknown_epoch = matches!(logs.holds.get(&o.name), Some(None));
+        let data_lost = logs.restarts.iter().any(|rs| {
+            rs.start <= end && (rs.dead >= s_valid || (unknown_epoch && rs.dead >= o.begin))
+        });
+        let evicted = o
+            .holder
+            .as_ref()
+            .and_then(|h| logs.evictions.get(h))
+            .copied();
+        let evicted_by_end = evicted.is_some_and(|(f0, _)| f0 <= end);
+        let maybe_gone = o.lost.is_some() || died || halted || data_lost || evicted_by_end;
+        let s_star = match first_bad {
+            Some(k) if o.obs[k].0 <= end => o.obs[k].0,
+            _ => {
+                if maybe_gone && s_valid < end {
+                    inv[i].possible = Some(s_valid);
+                }
+                continue;
+            }
+        };
+        inv[i] = Stale {
+            possible: Some(s_valid),
+            sure: Some(s_star),
+        };
+        // explanations
+        let restart = logs
+            .restarts
+            .iter()
+            .find(|rs| rs.start >= o.begin.min(acq) && rs.start <= s_star);
+        // halts that could have let its lease run out unnoticed (begun by s*), and halts
+        // that kept it from learning afterwards (begun before it gave up)
+        let all_halts = logs.halts(o.worker);
+        let caused = |&(p, c): &(i64, i64)| p <= s_star && c >= s_star - t.lease;
+        let cause = all_halts.iter().any(caused);
+        let paused = w.pauses.iter().any(caused);
+        let last_halt_end = all_halts
+            .iter()
+            .filter(|&&(p, c)| p <= end && c >= s_star - t.lease)
+            .map(|h| h.1)
+            .max();
+        // the first moment it could learn: Redis answering again after the data loss (or
+        // its local deadline, if the client was still reconnecting), the end of its pause
+        let mut learn_from = s_star;
+        let mut class = None;
+        if let Some(rs) = restart {
+            learn_from = learn_from.max(rs.ready.max(rs.start + t.lease - t.renew));
+            class = Some("data-loss");
+        }
+        if let Some((f0, f1)) = evicted
+            && f0 <= s_star
+        {
+            // an operator removed it: its next renewal says so, if Redis answers it; if Redis
+            // or its command connection was down meanwhile, its local deadline does (lease −
+            // margin after its last confirmed renewal, which was sent before the removal)
+            let base = f1.max(last_halt_end.unwrap_or(f1));
+            let window = (f0, base + t.renew + t.slack);
+            let unreachable = overlaps(&global, window.0, window.1)
+                || overlaps(&logs.cmd_faults(o.worker), window.0, window.1);
+            let by = if unreachable {
+                base.max(f0 + t.lease - t.renew)
+            } else {
+                base
+            };
+            learn_from = learn_from.max(by);
+            class = Some("eviction");
+        }
+        if cause {
+            class.get_or_insert(if paused { "pause" } else { "stall" });
+        }
+        if class.is_some()
+            && let Some(c) = last_halt_end
+        {
+            learn_from = learn_from.max(c);
+        }
+        let Some(class) = class else {
+            if end - s_star > t.slack {
+                r.violation(
+                    "stale-belief",
+                    format!(
+                        "op {} (worker {}, {}): believed it held slots {:?} until {} although Redis had no valid lease for it at {} ({:.0} ms), with no pause, stall or data loss to explain it",
+                        o.name,
+                        o.worker,
+                        logs.cfg.sems[o.sem].name,
+                        o.fences,
+                        ms_fmt(end),
+                        ms_fmt(s_star),
+                        ms(end - s_star)
+                    ),
+                );
+            } else {
+                *r.stale_beliefs
+                    .entry("within-slack".to_owned())
+                    .or_default() += 1;
+            }
+            continue;
+        };
+        *r.stale_beliefs.entry(class.to_owned()).or_default() += 1;
+        let delay = end - learn_from;
+        let worst = r.worst_detection_ms.entry(class.to_owned()).or_insert(0.0);
+        *worst = worst.max(ms(delay.max(0)));
+        if delay > t.renew + t.slack {
+            r.violation(
+                "stale-belief",
+                format!(
+                    "op {} (worker {}, {}): stale since {} ({class}), it could know from {} but believed it held until {} ({:.0} ms > one renewal interval {:.0} ms + slack)",
+                    o.name,
+                    o.worker,
+                    logs.cfg.sems[o.sem].name,
+                    ms_fmt(s_star),
+                    ms_fmt(learn_from),
+                    ms_fmt(end),
+                    ms(delay),
+                    ms(t.renew)
+                ),
+            );
+        }
+    }
+    inv
+}
+
+/// The fault that explains why op `o` was stale in Redis at `since`: `eviction`,
+/// `data-loss`, `pause` or (its process starved of CPU) `stall`.
+pub(super) fn class_of(logs: &Logs, o: &Op, since: i64) -> &'static str {
+    let w = &logs.workers[&o.worker];
+    let evicted = o
+        .holder
+        .as_ref()
+        .and_then(|h| logs.evictions.get(h))
+        .is_some_and(|&(f0, _)| f0 <= since + logs.t.snapshot * 2);
+    if evicted {
+        "eviction"
+    } else if logs
+        .restarts
+        .iter()
+        .any(|rs| rs.start >= o.begin && rs.start <= since + logs.t.snapshot * 2)
+    {
+        "data-loss"
+    } else if w
+        .pauses
+        .iter()
+        .any(|&(p, c)| p <= since + logs.t.snapshot * 2 && c >= since - logs.t.lease)
+    {
+        "pause"
+    } else {
+        "stall"
+    }
+}

@@ -1,0 +1,350 @@
+//! The fault schedule: one fault every `fault_gap_ms`, every enabled kind once and then at
+//! random by weight, all drawn from the seed in schedule order; and the injection of each
+//! kind (signals to a worker, its proxy cutting, black-holing or slowing its connections,
+//! commands to Redis, a restart that loses the data, an operator's `force_release`), logged as
+//! a `fault` line from its start to its end.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use test_support::Server;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{Shared, WorkerState, signal};
+use crate::config::FaultKind;
+use crate::now_us;
+use crate::proxy::{Class, ClientProxy};
+
+/// Draws faults until `stop`; returns the faults still in progress.
+pub(super) async fn schedule(
+    shared: Arc<Shared>,
+    proxies: Arc<Vec<Arc<ClientProxy>>>,
+    server: Arc<Mutex<Server>>,
+    stop: CancellationToken,
+) -> JoinSet<()> {
+    let cfg = &shared.cfg;
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
+    let mut running = JoinSet::new();
+    let total: u32 = cfg.faults.iter().map(|k| k.weight()).sum();
+    if total == 0 {
+        stop.cancelled().await;
+        return running;
+    }
+    let lease = cfg.lease_ms;
+    // every enabled kind once, in a random order, then at random by weight
+    let mut first_round = cfg.faults.clone();
+    rng.shuffle(&mut first_round);
+    loop {
+        let gap = rng.u64(cfg.fault_gap_ms.0..=cfg.fault_gap_ms.1);
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(gap)) => {}
+        }
+        while running.try_join_next().is_some() {}
+        let kind = match first_round.pop() {
+            Some(k) => k,
+            None => {
+                let mut pick = rng.u32(0..total);
+                *cfg.faults
+                    .iter()
+                    .find(|k| {
+                        if pick < k.weight() {
+                            true
+                        } else {
+                            pick -= k.weight();
+                            false
+                        }
+                    })
+                    .expect("weights add up")
+            }
+        };
+        // every random number is drawn here, in schedule order: the sequence of faults and
+        // their parameters depends on the seed only
+        let ms = match kind {
+            FaultKind::PauseShort => rng.u64(20..=lease * 3 / 5),
+            FaultKind::PauseLong => rng.u64(lease * 6 / 5..=lease * 3),
+            FaultKind::CutCmd => {
+                if rng.bool() {
+                    0
+                } else {
+                    rng.u64(50..=400)
+                }
+            }
+            FaultKind::BlackholeCmd => rng.u64(50..=lease * 3 / 2),
+            FaultKind::BlackholePubsub => rng.u64(100..=3000),
+            FaultKind::Latency => rng.u64(200..=2000),
+            FaultKind::DebugSleep => rng.u64(20..=lease * 7 / 5),
+            _ => 0,
+        };
+        let extra = rng.u64(2..=50); // latency per chunk
+        let target = rng.u64(..);
+        shared.faults.fetch_add(1, Ordering::Relaxed);
+        running.spawn(inject(
+            shared.clone(),
+            proxies.clone(),
+            server.clone(),
+            kind,
+            ms,
+            extra,
+            target,
+        ));
+    }
+    running
+}
+
+/// Picks a target among the slots whose worker satisfies `eligible`.
+fn pick_slot(
+    shared: &Shared,
+    target: u64,
+    eligible: impl Fn(&WorkerState) -> bool,
+) -> Option<(usize, u32, u32)> {
+    let slots = shared.slots.lock().unwrap();
+    let candidates: Vec<(usize, u32, u32)> = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| {
+            w.as_ref()
+                .filter(|w| !w.killing && eligible(w))
+                .map(|w| (i, w.id, w.pid))
+        })
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    Some(candidates[(target % candidates.len() as u64) as usize])
+}
+
+/// Injects one fault of `kind` (`ms`: its length, `extra`: the latency per chunk,
+/// `target`: picks the worker).
+async fn inject(
+    shared: Arc<Shared>,
+    proxies: Arc<Vec<Arc<ClientProxy>>>,
+    server: Arc<Mutex<Server>>,
+    kind: FaultKind,
+    ms: u64,
+    extra: u64,
+    target: u64,
+) {
+    let log = |t0: i64, slot: Option<usize>, worker: Option<u32>, detail: String| {
+        let s = slot.map_or("-".to_owned(), |s| s.to_string());
+        let w = worker.map_or("-".to_owned(), |w| w.to_string());
+        let d = if detail.is_empty() {
+            "-".to_owned()
+        } else {
+            detail
+        };
+        shared
+            .log
+            .line(&format!("fault {t0} {} {kind} {s} {w} {d}", now_us()));
+    };
+    let d = Duration::from_millis(ms);
+    match kind {
+        FaultKind::KillHolder | FaultKind::KillWaiter => {
+            let picked = if kind == FaultKind::KillHolder {
+                pick_slot(&shared, target, |w| !w.holding.is_empty())
+            } else {
+                pick_slot(&shared, target, |w| {
+                    !w.waiting.is_empty() && w.holding.is_empty()
+                })
+                .or_else(|| pick_slot(&shared, target, |w| !w.waiting.is_empty()))
+            };
+            let Some((slot, id, pid)) = picked else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let detail = {
+                let mut slots = shared.slots.lock().unwrap();
+                match slots[slot].as_mut().filter(|w| w.id == id) {
+                    Some(w) => {
+                        w.killing = true;
+                        format!("holding={},waiting={}", w.holding.len(), w.waiting.len())
+                    }
+                    None => return,
+                }
+            };
+            let t0 = now_us();
+            signal(pid, libc::SIGKILL);
+            log(t0, Some(slot), Some(id), detail);
+        }
+        FaultKind::PauseShort | FaultKind::PauseLong => {
+            let Some((slot, id, pid)) = pick_slot(&shared, target, |w| !w.paused) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            {
+                let mut slots = shared.slots.lock().unwrap();
+                match slots[slot].as_mut().filter(|w| w.id == id) {
+                    Some(w) => w.paused = true,
+                    None => return,
+                }
+            }
+            let t0 = now_us();
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(d).await;
+            {
+                let mut slots = shared.slots.lock().unwrap();
+                // the same process, not yet reaped: its pid cannot have been reused
+                if let Some(w) = slots[slot].as_mut().filter(|w| w.id == id) {
+                    signal(pid, libc::SIGCONT);
+                    w.paused = false;
+                }
+            }
+            log(t0, Some(slot), Some(id), format!("ms={ms}"));
+        }
+        FaultKind::CutCmd | FaultKind::CutPubsub => {
+            let Some((slot, id, _)) = pick_slot(&shared, target, |_| true) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let class = if kind == FaultKind::CutCmd {
+                Class::Cmd
+            } else {
+                Class::Pubsub
+            };
+            let t0 = now_us();
+            if ms > 0 {
+                proxies[slot].refuse_new(true);
+            }
+            let n = proxies[slot].cut(class);
+            if ms > 0 {
+                tokio::time::sleep(d).await;
+                proxies[slot].refuse_new(false);
+            }
+            log(
+                t0,
+                Some(slot),
+                Some(id),
+                format!("conns={n},refuse_ms={ms}"),
+            );
+        }
+        FaultKind::BlackholeCmd | FaultKind::BlackholePubsub => {
+            let Some((slot, id, _)) = pick_slot(&shared, target, |_| true) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let class = if kind == FaultKind::BlackholeCmd {
+                Class::Cmd
+            } else {
+                Class::Pubsub
+            };
+            let t0 = now_us();
+            proxies[slot].blackhole(class, true);
+            tokio::time::sleep(d).await;
+            proxies[slot].blackhole(class, false);
+            log(t0, Some(slot), Some(id), format!("ms={ms}"));
+        }
+        FaultKind::Latency => {
+            let Some((slot, id, _)) = pick_slot(&shared, target, |_| true) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let t0 = now_us();
+            proxies[slot].latency(Duration::from_millis(extra));
+            tokio::time::sleep(d).await;
+            proxies[slot].latency(Duration::ZERO);
+            log(
+                t0,
+                Some(slot),
+                Some(id),
+                format!("ms={ms},delay_ms={extra}"),
+            );
+        }
+        FaultKind::ForceRelease => {
+            let Some((slot, id, _)) = pick_slot(&shared, target, |w| !w.holding.is_empty()) else {
+                return log(now_us(), None, None, "no-target".into());
+            };
+            let picked = {
+                let slots = shared.slots.lock().unwrap();
+                slots[slot]
+                    .as_ref()
+                    .filter(|w| w.id == id)
+                    .and_then(|w| w.holding.values().next().cloned())
+            };
+            let Some((sem, holder)) = picked else { return };
+            let name = shared.cfg.sems[sem].name.clone();
+            let t0 = now_us();
+            let removed = force_release(&shared, &name, &holder).await;
+            log(
+                t0,
+                Some(slot),
+                Some(id),
+                format!("holder={holder},removed={removed}"),
+            );
+        }
+        FaultKind::ClientKillPubsub => {
+            let t0 = now_us();
+            let r = tokio::task::spawn_blocking(move || {
+                server
+                    .lock()
+                    .unwrap()
+                    .try_cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                    .map(|r| r.as_int().unwrap_or(-1))
+                    .unwrap_or(-1)
+            })
+            .await
+            .unwrap_or(-1);
+            log(t0, None, None, format!("killed={r}"));
+        }
+        FaultKind::DebugSleep => {
+            let secs = format!("{:.3}", ms as f64 / 1000.0);
+            let t0 = tokio::task::spawn_blocking(move || {
+                let srv = server.lock().unwrap();
+                let t0 = now_us();
+                let _ = srv.try_cmd(&["DEBUG", "SLEEP", &secs]);
+                t0
+            })
+            .await
+            .unwrap_or_else(|_| now_us());
+            log(t0, None, None, format!("ms={ms}"));
+        }
+        FaultKind::RestartDataLoss => {
+            let sh = shared.clone();
+            let (t0, dead, ready) = tokio::task::spawn_blocking(move || {
+                let mut srv = server.lock().unwrap();
+                let t0 = {
+                    let mut r = sh.restarts.lock().unwrap();
+                    let t0 = now_us();
+                    r.push((t0, i64::MAX));
+                    t0
+                };
+                srv.kill();
+                let dead = {
+                    let mut r = sh.restarts.lock().unwrap();
+                    let dead = now_us();
+                    if let Some(last) = r.last_mut() {
+                        last.1 = dead;
+                    }
+                    dead
+                };
+                srv.restart();
+                (t0, dead, now_us())
+            })
+            .await
+            .unwrap_or((0, 0, 0));
+            shared.log.line(&format!("restart {t0} {dead} {ready}"));
+            log(t0, None, None, format!("dead={dead},ready={ready}"));
+        }
+    }
+}
+
+/// An operator's `force_release` of `holder`: `true` (removed), `false` (already gone) or
+/// `error` (Redis down or asleep: it may still have happened).
+async fn force_release(shared: &Shared, name: &str, holder: &str) -> String {
+    let mut op = shared.operator.lock().await;
+    if op.is_none() {
+        let built = redsem::Client::builder(shared.redis_url.as_str())
+            .prefix(crate::config::PREFIX)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .await;
+        match built {
+            Ok(c) => *op = Some(c),
+            Err(_) => return "error".into(),
+        }
+    }
+    let Some(client) = op.as_ref() else {
+        return "error".into();
+    };
+    match client.force_release_existing(name, holder).await {
+        Ok(existed) => existed.to_string(),
+        Err(_) => "error".into(),
+    }
+}

@@ -1,0 +1,180 @@
+//! What Redis holds once every worker has exited, saved as `final.json` for the checker's
+//! `cleanup` property: entries without a lease, leases that outlive the workers, keys,
+//! subscriptions and connections left, and what remains once the leases ran out and redsem
+//! reaped them.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::now_us;
+
+/// What Redis holds once every worker has exited (see [`crate::checker`], property
+/// "cleanup").
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct FinalState {
+    /// When the last worker had exited.
+    pub exited_at: i64,
+    /// When the state below was read.
+    pub read_at: i64,
+    /// Entries (ids in the records, queue or slot table) without a lease: they would never
+    /// expire.
+    pub orphans: Vec<String>,
+    /// Leases that end later than one lease after the last worker exited.
+    pub leases_too_long: Vec<String>,
+    /// Entries (with a lease) left by the workers, per semaphore, before reaping.
+    pub entries_left: Vec<(String, usize)>,
+    /// Keys other than the semaphores' seven.
+    pub foreign_keys: Vec<String>,
+    /// Pub/sub channels still subscribed.
+    pub channels: Vec<String>,
+    /// Client connections still open (other than the checker's own).
+    pub clients: Vec<String>,
+    /// Problems after the leases ran out and a redsem call reaped them.
+    pub after_reap: Vec<String>,
+    /// The read failed.
+    pub error: Option<String>,
+}
+
+/// Reads what Redis holds once every worker has exited (`exited_at`).
+pub(super) async fn final_state(cfg: &Config, url: &str, exited_at: i64) -> FinalState {
+    let mut st = FinalState {
+        exited_at,
+        ..FinalState::default()
+    };
+    if let Err(e) = read_final(cfg, url, &mut st).await {
+        st.error = Some(format!("{e:#}"));
+    }
+    st
+}
+
+async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Result<()> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    // the proxies are gone; give the server a moment to see their connections close
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await?;
+        clients = list
+            .lines()
+            .filter(|l| !l.contains("cmd=client|list") && !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect();
+        if clients.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    st.clients = clients;
+    st.channels = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await?;
+    st.read_at = now_us();
+    let mut known: HashSet<String> = HashSet::new();
+    for s in &cfg.sems {
+        known.extend(cfg.keys(&s.name)?);
+    }
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
+    st.foreign_keys = keys.into_iter().filter(|k| !known.contains(k)).collect();
+    let now_ms = st.read_at / 1000;
+    let mut latest_expiry = 0i64;
+    for s in &cfg.sems {
+        let [_, queue, exp, meta, slots, ..] = cfg.keys(&s.name)?;
+        let exp: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(exp)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?;
+        let with_lease: HashSet<&str> = exp.iter().map(|(id, _)| id.as_str()).collect();
+        let meta: Vec<String> = redis::cmd("HKEYS").arg(meta).query_async(&mut conn).await?;
+        let queue: Vec<String> = redis::cmd("ZRANGE")
+            .arg(queue)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let holders: Vec<String> = redis::cmd("HVALS")
+            .arg(slots)
+            .query_async(&mut conn)
+            .await?;
+        for id in meta.iter().chain(&queue).chain(&holders) {
+            if !with_lease.contains(id.as_str()) {
+                st.orphans.push(format!("{}: {id}", s.name));
+            }
+        }
+        for (id, score) in &exp {
+            let score = *score as i64;
+            latest_expiry = latest_expiry.max(score);
+            if score > st.exited_at / 1000 + cfg.lease_ms as i64 + cfg.slack_ms as i64 {
+                st.leases_too_long.push(format!(
+                    "{}: {id} expires {} ms after the last worker exited",
+                    s.name,
+                    score - st.exited_at / 1000
+                ));
+            }
+        }
+        st.entries_left.push((s.name.clone(), exp.len()));
+    }
+    // wait for the last lease to run out, then let redsem reap (any script call does)
+    let wait = (latest_expiry - now_ms + cfg.slack_ms as i64).clamp(0, 3 * cfg.lease_ms as i64);
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    let rs = redsem::Client::builder(url)
+        .prefix(crate::config::PREFIX)
+        .build()
+        .await?;
+    for s in &cfg.sems {
+        match rs.inspect(&s.name).await {
+            Ok(stats) => {
+                if !stats.holders.is_empty() || !stats.waiters.is_empty() {
+                    st.after_reap.push(format!(
+                        "{}: {} holders and {} waiters left after every lease ran out",
+                        s.name,
+                        stats.holders.len(),
+                        stats.waiters.len()
+                    ));
+                }
+            }
+            Err(redsem::Error::UnknownSemaphore { .. }) => {}
+            Err(e) => st
+                .after_reap
+                .push(format!("{}: inspect failed: {e}", s.name)),
+        }
+    }
+    drop(rs);
+    for s in &cfg.sems {
+        let [cfg_key, queue, exp, meta, slots, free, _] = cfg.keys(&s.name)?;
+        for key in [queue, exp, meta, slots] {
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await?;
+            if exists != 0 {
+                st.after_reap
+                    .push(format!("{}: key {key} still exists", s.name));
+            }
+        }
+        let cfg_exists: i64 = redis::cmd("EXISTS")
+            .arg(cfg_key)
+            .query_async(&mut conn)
+            .await?;
+        if cfg_exists == 1 {
+            let free: i64 = redis::cmd("ZCARD").arg(free).query_async(&mut conn).await?;
+            if free != i64::from(s.limit) {
+                st.after_reap.push(format!(
+                    "{}: {free} free slots of {} once nobody holds any",
+                    s.name, s.limit
+                ));
+            }
+        }
+    }
+    Ok(())
+}

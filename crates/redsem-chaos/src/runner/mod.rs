@@ -1,0 +1,336 @@
+//! The runner: a private Redis, one [`ClientProxy`] per worker slot, the worker processes
+//! (replaced when killed), the fenced resource, the snapshotter, and the fault schedule.
+//!
+//! `runner.log` (times in µs of `CLOCK_REALTIME`):
+//!
+//! | line | meaning |
+//! |---|---|
+//! | `phase <t> <name>` | `start`, `faults` (injection starts), `calm` (injection stopped, every fault healed), `stop` (SIGTERM to the workers), `exited` |
+//! | `spawn <t> <worker> <slot> <pid>` | a worker process started in a slot (behind that slot's proxy) |
+//! | `exit <t> <worker> <how>` | it exited: `killed` (by a fault), `ok`, `code:<n>`, `signal:<n>`, `hung` (SIGKILLed at the end) |
+//! | `fault <t0> <t1> <kind> <slot> <worker> <detail>` | a fault, from its start to its end (`-` where not applicable) |
+//! | `restart <start> <dead> <ready>` | Redis killed at `start`, gone at `dead`, answering again (empty) at `ready` |
+//! | `hold <t> <worker> <op> <sem> <epoch>` | a holder registered with the resource; `epoch` is the Redis incarnation of its grant (`?` unknown) |
+//! | `write <t> <worker> <op> <sem> <slot> <epoch> <gen> <sent> <A/R/X>` | a fenced write and the resource's decision |
+//!
+//! The resource keeps, per semaphore and slot, the highest `(epoch, generation)` it has seen,
+//! and rejects a write that carries a lower one. The epoch stands in for what a fence record
+//! that survives a Redis data loss would provide (see the README's "Guarantees"); a grant whose
+//! acquire overlapped a restart has an unknown epoch, and its writes are refused (`X`).
+//!
+//! This file starts and stops everything and supervises the workers; `faults.rs` draws and
+//! injects the faults, `resource.rs` is the fenced resource, and `final_state.rs` reads what
+//! Redis holds at the end (`final.json`).
+
+mod faults;
+mod final_state;
+mod resource;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use test_support::{Flavor, Server, ServerOptions};
+use tokio::net::UnixListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use final_state::FinalState;
+
+use crate::config::Config;
+use crate::events::Log;
+use crate::now_us;
+use crate::proxy::ClientProxy;
+use faults::schedule;
+use final_state::final_state;
+use resource::{ResourceState, resource_server};
+
+/// The Redis incarnation that served a request sent at `from` and answered by `to`:
+/// the number of restarts that were over (`dead`) before `from`, or `None` when a restart
+/// (from its `start` to its `dead`) overlaps `[from, to]`. `restarts` is in start order,
+/// `dead = i64::MAX` while unknown.
+pub fn epoch_of(restarts: &[(i64, i64)], from: i64, to: i64) -> Option<u32> {
+    let mut epoch = 0;
+    for &(start, dead) in restarts {
+        if to < start {
+            break;
+        }
+        if from > dead {
+            epoch += 1;
+            continue;
+        }
+        return None;
+    }
+    Some(epoch)
+}
+
+#[derive(Default)]
+struct WorkerState {
+    id: u32,
+    pid: u32,
+    paused: bool,
+    killing: bool,
+    /// op → (semaphore, holder id)
+    holding: BTreeMap<String, (usize, String)>,
+    waiting: HashSet<String>,
+}
+
+struct Shared {
+    cfg: Config,
+    dir: PathBuf,
+    log: Log,
+    restarts: Mutex<Vec<(i64, i64)>>,
+    slots: Mutex<Vec<Option<WorkerState>>>,
+    resource: Mutex<ResourceState>,
+    respawn: AtomicBool,
+    next_worker: AtomicU32,
+    acquisitions: AtomicU64,
+    faults: AtomicU64,
+    /// An operator's redsem client, on a direct connection (for `force-release`).
+    operator: tokio::sync::Mutex<Option<redsem::Client>>,
+    /// A direct connection, to tell which Redis incarnation holds a grant whose acquire
+    /// overlapped a restart.
+    direct: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    redis_url: String,
+}
+
+impl Shared {
+    fn with_worker<R>(&self, id: u32, f: impl FnOnce(&mut WorkerState) -> R) -> Option<R> {
+        let mut slots = self.slots.lock().unwrap();
+        slots.iter_mut().flatten().find(|w| w.id == id).map(f)
+    }
+}
+
+/// Starts everything, runs the faults for `cfg.seconds`, stops the workers, records the
+/// state Redis is left in, and writes every log into `dir`.
+///
+/// # Errors
+/// When the server, the proxies or the socket cannot be set up.
+pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
+    let flavor = match cfg.flavor.as_str() {
+        "valkey" => Flavor::Valkey,
+        _ => Flavor::Redis,
+    };
+    let server = tokio::task::spawn_blocking(move || {
+        // test-support's servers persist nothing: a restart loses everything
+        Server::start_with(flavor, ServerOptions::default())
+    })
+    .await
+    .context("starting the server")?;
+    let redis_addr = server.addr();
+    let redis_url = server.url();
+    let server = Arc::new(Mutex::new(server));
+
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        dir: dir.to_owned(),
+        log: Log::buffered(&dir.join("runner.log"))?,
+        restarts: Mutex::new(Vec::new()),
+        slots: Mutex::new((0..cfg.workers).map(|_| None).collect()),
+        resource: Mutex::new(ResourceState::default()),
+        respawn: AtomicBool::new(true),
+        next_worker: AtomicU32::new(0),
+        acquisitions: AtomicU64::new(0),
+        faults: AtomicU64::new(0),
+        operator: tokio::sync::Mutex::new(None),
+        direct: tokio::sync::Mutex::new(None),
+        redis_url: redis_url.clone(),
+    });
+    shared.log.line(&format!("phase {} start", now_us()));
+
+    let sock = dir.join("resource.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).context("binding resource.sock")?;
+    let resource_task = tokio::spawn(resource_server(listener, shared.clone()));
+
+    let snap_stop = CancellationToken::new();
+    let snap_task = {
+        let (url, cfg, path, stop) = (
+            redis_url.clone(),
+            cfg.clone(),
+            dir.join("snapshots.log"),
+            snap_stop.clone(),
+        );
+        tokio::spawn(async move { crate::snapshot::run(url, cfg, &path, stop).await })
+    };
+
+    let mut proxies = Vec::new();
+    for _ in 0..cfg.workers {
+        proxies.push(Arc::new(ClientProxy::start(redis_addr).await?));
+    }
+    let proxies = Arc::new(proxies);
+
+    let mut supervisors = JoinSet::new();
+    for slot in 0..cfg.workers as usize {
+        supervisors.spawn(supervise(shared.clone(), slot, proxies[slot].url()));
+    }
+
+    // let every worker connect before the first fault
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    shared.log.line(&format!("phase {} faults", now_us()));
+    let started = Instant::now();
+    let until = started + Duration::from_secs(cfg.seconds);
+    let stop_faults = CancellationToken::new();
+    let scheduler = tokio::spawn(schedule(
+        shared.clone(),
+        proxies.clone(),
+        server.clone(),
+        stop_faults.clone(),
+    ));
+    let mut progress = tokio::time::interval(Duration::from_secs(10));
+    progress.tick().await;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until.into()) => break,
+            _ = progress.tick() => {
+                eprintln!(
+                    "redsem-chaos: {:>4}s  {} acquisitions, {} faults",
+                    started.elapsed().as_secs(),
+                    shared.acquisitions.load(Ordering::Relaxed),
+                    shared.faults.load(Ordering::Relaxed)
+                );
+            }
+        }
+    }
+    stop_faults.cancel();
+    let mut in_flight = scheduler.await.unwrap_or_default();
+    while in_flight.join_next().await.is_some() {}
+    for p in proxies.iter() {
+        p.heal();
+    }
+    shared.log.line(&format!("phase {} calm", now_us()));
+    // a few seconds without faults: what the faults broke must heal
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    shared.respawn.store(false, Ordering::SeqCst);
+    shared.log.line(&format!("phase {} stop", now_us()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !supervisors.is_empty() {
+        for w in shared.slots.lock().unwrap().iter().flatten() {
+            signal(
+                w.pid,
+                if Instant::now() < deadline {
+                    libc::SIGTERM
+                } else {
+                    libc::SIGKILL
+                },
+            );
+        }
+        if Instant::now() >= deadline {
+            for w in shared.slots.lock().unwrap().iter_mut().flatten() {
+                w.killing = true; // reported as `hung`
+            }
+        }
+        tokio::select! {
+            _ = supervisors.join_next() => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    shared.log.line(&format!("phase {} exited", now_us()));
+    let exited_at = now_us();
+    // the snapshots go on a little: the checker sees the last releases land
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    snap_stop.cancel();
+    let _ = snap_task.await;
+    drop(proxies);
+    resource_task.abort();
+    *shared.direct.lock().await = None;
+    *shared.operator.lock().await = None;
+
+    let final_state = final_state(cfg, &redis_url, exited_at).await;
+    std::fs::write(
+        dir.join("final.json"),
+        serde_json::to_vec_pretty(&final_state)?,
+    )?;
+    shared.log.flush();
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || server.lock().unwrap().stop()).await?;
+    Ok(())
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if pid > 0 {
+        // SAFETY: kill(2) has no memory-safety preconditions. The pid is a worker of ours,
+        // taken from the slot table, which its supervisor clears right after reaping it: in
+        // that instant the pid could only reach another process if Linux recycled it at
+        // once, which its sequential allocation (up to pid_max) does not do.
+        unsafe { libc::kill(pid as libc::pid_t, sig) };
+    }
+}
+
+/// Runs worker processes in one slot, replacing each one that dies, until the stop phase.
+async fn supervise(shared: Arc<Shared>, slot: usize, url: String) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut rng = fastrand::Rng::with_seed(shared.cfg.seed ^ (slot as u64 + 1) << 20);
+    while shared.respawn.load(Ordering::SeqCst) {
+        let id = shared.next_worker.fetch_add(1, Ordering::SeqCst);
+        let seed = shared.cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        let stderr = std::fs::File::create(shared.dir.join(format!("w{id}.err")))
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null());
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("worker")
+            .args([
+                "--id",
+                &id.to_string(),
+                "--url",
+                &url,
+                "--seed",
+                &seed.to_string(),
+            ])
+            .arg("--dir")
+            .arg(&shared.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true);
+        // SAFETY: the hook only calls prctl, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("redsem-chaos: cannot start a worker: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        shared.slots.lock().unwrap()[slot] = Some(WorkerState {
+            id,
+            pid,
+            ..WorkerState::default()
+        });
+        shared
+            .log
+            .line(&format!("spawn {} {id} {slot} {pid}", now_us()));
+        let status = child.wait().await;
+        let t = now_us();
+        let killing = shared.slots.lock().unwrap()[slot]
+            .take()
+            .is_some_and(|w| w.killing);
+        let how = match status {
+            _ if killing && shared.respawn.load(Ordering::SeqCst) => "killed".to_owned(),
+            _ if killing => "hung".to_owned(),
+            Ok(s) if s.success() => "ok".to_owned(),
+            Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                (Some(c), _) => format!("code:{c}"),
+                (_, Some(sig)) => format!("signal:{sig}"),
+                _ => "unknown".to_owned(),
+            },
+            Err(_) => "unknown".to_owned(),
+        };
+        shared.log.line(&format!("exit {t} {id} {how}"));
+        if shared.respawn.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(rng.u64(20..300))).await;
+        }
+    }
+}
