@@ -21,8 +21,16 @@ pub struct SemaphoreBuilder {
     label: Option<String>,
 }
 
+impl Client {
+    /// Starts opening the semaphore `name` whose limit is `limit` permits shared by every
+    /// replica. Nothing is sent to Redis until [`SemaphoreBuilder::open`].
+    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> SemaphoreBuilder {
+        SemaphoreBuilder::new(self.clone(), name.into(), limit)
+    }
+}
+
 impl SemaphoreBuilder {
-    pub(crate) fn new(client: Client, name: String, limit: u32) -> SemaphoreBuilder {
+    fn new(client: Client, name: String, limit: u32) -> SemaphoreBuilder {
         SemaphoreBuilder {
             client,
             name,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::TlsPems;
-use crate::builder::SemaphoreBuilder;
 use crate::engine::{ConnectSettings, Context};
 use crate::error::Error;
 use crate::keys::validate_prefix;
@@ -71,12 +70,6 @@ impl Client {
     /// Starts a builder for finer control (key prefix, timeouts).
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
         ClientBuilder::new(url)
-    }
-
-    /// Starts opening the semaphore `name` whose limit is `limit` permits shared by every
-    /// replica. Nothing is sent to Redis until [`SemaphoreBuilder::open`].
-    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> SemaphoreBuilder {
-        SemaphoreBuilder::new(self.clone(), name.into(), limit)
     }
 
     /// The key prefix of this client's semaphores.

@@ -311,3 +311,24 @@ fn unless_nil<T>(v: Value, parse: impl FnOnce(Value) -> CallResult<T>) -> CallRe
         v => parse(v).map(Some),
     }
 }
+
+/// `fence.lua`: not a semaphore script (no prelude); it checks a fencing token at a resource.
+static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("fence.lua")));
+
+/// Checks the fencing token `(slot, generation)` against the record at `fence_key` and, if
+/// it is current, `SET`s `write`'s key to its value. Returns whether the token was accepted.
+pub(crate) async fn fence(
+    conn: &mut Conn,
+    fence_key: &str,
+    slot: u32,
+    generation: u64,
+    write: Option<(&str, &[u8])>,
+) -> redis::RedisResult<bool> {
+    let mut inv = FENCE.prepare_invoke();
+    inv.key(fence_key).arg(slot).arg(generation);
+    if let Some((key, value)) = write {
+        inv.key(key).arg(value);
+    }
+    let accepted: i64 = inv.invoke_async(conn).await?;
+    Ok(accepted == 1)
+}
