@@ -11,27 +11,13 @@
 //! [`Semaphore`]: crate::Semaphore
 
 use std::collections::BTreeSet;
-use std::sync::LazyLock;
-
-use redis::Value;
 
 use crate::client::Client;
-use crate::error::Error;
+use crate::error::{CallResult, Error};
 use crate::keys::Keys;
-use crate::scripts::{Lua, RawStats};
+use crate::scripts;
 use crate::semaphore::MAX_LIMIT;
 use crate::stats::Stats;
-
-/// Prepended to a script body: a missing configuration means "no such semaphore" (nil reply),
-/// where the plain scripts would create it.
-const GUARD: &str = "if redis.call('EXISTS', K_CFG) == 0 then return false end";
-
-static STATS: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("scripts/stats.lua")));
-static RESIZE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("resize", GUARD, include_str!("scripts/resize.lua")));
-static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("scripts/release.lua")));
 
 impl Client {
     /// The names of every semaphore under this client's key prefix, sorted.
@@ -76,23 +62,10 @@ impl Client {
     /// holds a foreign value; connection and permission errors.
     pub async fn inspect(&self, name: &str) -> Result<Stats, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let v = self.invoke_guarded(&STATS, &keys, &[]).await?;
-        let items = match &v {
-            Value::Array(items) if items.len() >= 7 => items,
-            _ => return Err(unexpected(name, &v)),
-        };
-        let int = |i: usize| as_int(&items[i]).ok_or_else(|| unexpected(name, &v));
-        let text = |i: usize| as_text(&items[i]).ok_or_else(|| unexpected(name, &v));
-        let raw = RawStats {
-            now_ms: int(0)? as u64,
-            limit: int(1)? as u32,
-            in_use: int(2)? as u32,
-            grants: int(3)? as u64,
-            expired: int(4)? as u64,
-            holders_json: text(5)?,
-            waiters_json: text(6)?,
-        };
-        Stats::from_raw(name, raw)
+        let mut conn = self.inner.conn.clone();
+        let publish = self.inner.publish;
+        let reply = scripts::stats_existing(&mut conn, &keys, publish).await;
+        Ok(Stats::from_reply(name, self.existing(&keys, reply)?))
     }
 
     /// Changes the limit of the existing semaphore `name` for every replica, live, like
@@ -110,12 +83,10 @@ impl Client {
             )));
         }
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let v = self
-            .invoke_guarded(&RESIZE, &keys, &[new_limit.to_string()])
-            .await?;
-        as_int(&v)
-            .map(|old| old as u32)
-            .ok_or_else(|| unexpected(name, &v))
+        let mut conn = self.inner.conn.clone();
+        let publish = self.inner.publish;
+        let reply = scripts::resize_existing(&mut conn, &keys, publish, new_limit).await;
+        self.existing(&keys, reply)
     }
 
     /// An operator's release of a holder (or queued waiter) of the existing semaphore `name`
@@ -128,12 +99,10 @@ impl Client {
     /// [`inspect`](Self::inspect).
     pub async fn force_release_existing(&self, name: &str, holder_id: &str) -> Result<bool, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let v = self
-            .invoke_guarded(&RELEASE, &keys, &["1".to_owned(), holder_id.to_owned()])
-            .await?;
-        as_int(&v)
-            .map(|n| n > 0)
-            .ok_or_else(|| unexpected(name, &v))
+        let mut conn = self.inner.conn.clone();
+        let publish = self.inner.publish;
+        let reply = scripts::force_release_existing(&mut conn, &keys, publish, holder_id).await;
+        Ok(self.existing(&keys, reply)? > 0)
     }
 
     /// Waits until the background task has performed every release handed to it before this
@@ -145,34 +114,19 @@ impl Client {
     /// queue at once instead of when its lease expires. Bound it with a timeout if Redis may
     /// be unreachable.
     pub async fn flush_releases(&self) {
-        self.inner.driver.flush().await;
+        self.inner.releaser.flush().await;
     }
 
-    /// Runs a guarded script on an existing semaphore; a nil reply means it does not exist.
-    async fn invoke_guarded(
-        &self,
-        script: &Lua,
-        keys: &Keys,
-        args: &[String],
-    ) -> Result<Value, Error> {
-        let mut conn = self.inner.conn.clone();
-        // common header (see prelude.lua); the limit is never used: the guard returns first
-        // when the configuration is missing
-        let v = script
-            .run(&mut conn, keys, 1, self.inner.publish, |inv| {
-                for a in args {
-                    inv.arg(a);
-                }
-            })
-            .await
-            .map_err(|e| Error::from_redis(e, &keys.name))?;
-        if matches!(v, Value::Nil) {
-            return Err(Error::UnknownSemaphore {
+    /// The reply of an operator script on the semaphore `keys`; `None` means that it does
+    /// not exist.
+    fn existing<T>(&self, keys: &Keys, reply: CallResult<Option<T>>) -> Result<T, Error> {
+        match reply.map_err(|e| Error::from_call(e, &keys.name))? {
+            Some(v) => Ok(v),
+            None => Err(Error::UnknownSemaphore {
                 name: keys.name.clone(),
                 prefix: self.inner.prefix.clone(),
-            });
+            }),
         }
-        Ok(v)
     }
 }
 
@@ -186,28 +140,6 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
-}
-
-fn as_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-fn as_text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn unexpected(name: &str, v: &Value) -> Error {
-    Error::InvalidArgument(format!(
-        "semaphore {name:?}: unexpected reply from a redsem script ({v:?}); is another redsem protocol version using these keys?"
-    ))
 }
 
 #[cfg(test)]

@@ -2,18 +2,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::backend::{Backend, TlsPems};
-use crate::driver::Driver;
-use crate::error::{BackendError, Error};
+use crate::backend::TlsPems;
+use crate::engine::{ConnectSettings, Context};
+use crate::error::Error;
 use crate::keys::validate_prefix;
-use crate::notifier::Notifier;
-use crate::scripts::Conn;
-use crate::semaphore::SemaphoreBuilder;
 
 /// Default key prefix: keys are named `redsem:{<name>}:<suffix>`.
 pub const DEFAULT_PREFIX: &str = "redsem";
@@ -23,8 +17,11 @@ pub const DEFAULT_PREFIX: &str = "redsem";
 /// A client holds exactly two connections whatever the number of semaphores, waiters and
 /// holders (on a cluster, two per node): one multiplexed connection for commands (every
 /// script call, pipelined), and one RESP3 connection on which grants are pushed to this
-/// process. It also runs one background task that performs the releases of dropped permits
-/// (and, through Sentinel, one that follows the master). Cloning is cheap (an `Arc`).
+/// process. It runs three background tasks: one that performs the releases of dropped
+/// permits, and two for the notification connection (routing messages; resubscribing after
+/// a reconnect). Through Sentinel, two more follow the master (polling the sentinels;
+/// listening for `+switch-master`). Each open semaphore handle adds two (batching and
+/// heartbeat). Cloning is cheap (an `Arc`).
 ///
 /// Create it once per process, inside a Tokio runtime, and open semaphores from it with
 /// [`Client::semaphore`].
@@ -34,36 +31,7 @@ pub const DEFAULT_PREFIX: &str = "redsem";
 /// each with or without TLS (`rediss…`).
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<ClientInner>,
-}
-
-pub(crate) struct ClientInner {
-    /// Unique per process and client: the suffix of this client's notification channels.
-    pub(crate) id: String,
-    pub(crate) prefix: String,
-    pub(crate) conn: Conn,
-    pub(crate) notifier: Arc<Notifier>,
-    pub(crate) driver: Driver,
-    pub(crate) response_timeout: Duration,
-    pub(crate) publish: &'static str,
-    /// Synced mode: replicas that must acknowledge a grant, and how long to wait for them.
-    pub(crate) synced: Option<(u32, Duration)>,
-    next_channel: AtomicU64,
-    stop: CancellationToken,
-}
-
-impl ClientInner {
-    /// A fresh channel suffix for one opened semaphore handle.
-    pub(crate) fn channel_suffix(&self) -> String {
-        let n = self.next_channel.fetch_add(1, Ordering::Relaxed);
-        format!("{}.{}", self.id, n)
-    }
-}
-
-impl Drop for ClientInner {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    pub(crate) inner: Arc<Context>,
 }
 
 impl std::fmt::Debug for Client {
@@ -102,12 +70,6 @@ impl Client {
     /// Starts a builder for finer control (key prefix, timeouts).
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
         ClientBuilder::new(url)
-    }
-
-    /// Starts opening the semaphore `name` whose limit is `limit` permits shared by every
-    /// replica. Nothing is sent to Redis until [`SemaphoreBuilder::open`].
-    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> SemaphoreBuilder {
-        SemaphoreBuilder::new(self.clone(), name.into(), limit)
     }
 
     /// The key prefix of this client's semaphores.
@@ -291,100 +253,22 @@ impl ClientBuilder {
                 "the synced-mode timeout must be greater than zero".into(),
             ));
         }
-        let shown = redact(&self.url);
         let pems = TlsPems {
             ca: Pem::load(self.tls_ca.as_ref(), "CA")?,
             cert: Pem::load(self.tls_cert.as_ref(), "client certificate")?,
             key: Pem::load(self.tls_key.as_ref(), "client key")?,
         };
-        let backend = Backend::new(&self.url, pems, self.connect_timeout, self.response_timeout)?;
-        let stop = CancellationToken::new();
-        let connect = async {
-            let conn = backend.connect(&stop).await?;
-            let notifier = Notifier::connect(&backend, &conn).await?;
-            Ok::<_, Error>((conn, notifier))
-        };
-        let limit = self.connect_timeout * 2;
-        let outcome = tokio::time::timeout(limit, connect).await;
-        let (conn, (notifier, pushes)) = match outcome {
-            Ok(Ok(connected)) => connected,
-            Ok(Err(e)) => {
-                stop.cancel();
-                return Err(e);
-            }
-            Err(_) => {
-                stop.cancel();
-                return Err(Error::Unreachable(BackendError::timed_out(format!(
-                    "no connection to {shown} within {limit:?}"
-                ))));
-            }
-        };
-
-        let notifier = Arc::new(notifier);
-        let driver = Driver::spawn(conn.clone(), notifier.clone());
-        Notifier::spawn_router(&notifier, pushes, stop.clone());
-        let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
-        Ok(Client {
-            inner: Arc::new(ClientInner {
-                id,
-                prefix: self.prefix,
-                conn,
-                notifier,
-                driver,
-                response_timeout: self.response_timeout,
-                publish: backend.publish_command(),
-                synced: self.synced,
-                next_channel: AtomicU64::new(0),
-                stop,
-            }),
+        let ctx = Context::connect(ConnectSettings {
+            url: self.url,
+            prefix: self.prefix,
+            pems,
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            synced: self.synced,
         })
-    }
-}
-
-/// The URL with its passwords replaced, for messages (the user's, and a
-/// `sentinel_password=` in the query).
-pub fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &base[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &base[..s + 3], &creds[..c], &base[at..]),
-                None => base.to_owned(),
-            }
-        }
-        _ => base.to_owned(),
-    };
-    match query {
-        None => base,
-        Some(q) => {
-            let q: Vec<String> = q
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", q.join("&"))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redact_hides_passwords() {
-        assert_eq!(
-            super::redact("redis://app:secret@h:1/0"),
-            "redis://app:***@h:1/0"
-        );
-        assert_eq!(super::redact("redis://h:1"), "redis://h:1");
-        assert_eq!(
-            super::redact("redis+sentinel://u:pw@s1,s2/m?sentinel_password=x&a=b"),
-            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=b"
-        );
+        .await?;
+        Ok(Client {
+            inner: Arc::new(ctx),
+        })
     }
 }

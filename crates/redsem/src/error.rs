@@ -176,13 +176,20 @@ impl Error {
         )
     }
 
+    /// Names a failed call after the semaphore `name` it was made for.
+    pub(crate) fn from_call(err: CallError, name: &str) -> Error {
+        match err {
+            CallError::Denied(detail) => Error::NoPermission(detail),
+            CallError::Redis(e) => Error::from_redis(e, name),
+            CallError::Unreadable(text) => {
+                Error::InvalidArgument(format!("semaphore {name:?}: {text}"))
+            }
+        }
+    }
+
     pub(crate) fn from_redis(err: redis::RedisError, name: &str) -> Error {
         let text = err.to_string();
         let code = err.code().unwrap_or("");
-        if text.starts_with(crate::backend::DENIED) {
-            // built by redsem to name the missing permission (see backend::denied)
-            return Error::NoPermission(err.detail().unwrap_or(&text).to_owned());
-        }
         if err.is_timeout()
             || err.is_io_error()
             || err.is_connection_dropped()
@@ -224,6 +231,39 @@ impl Error {
             return Error::Auth(text);
         }
         Error::Backend(BackendError(err))
+    }
+}
+
+/// How one Redis call made by redsem failed, before it is named after its semaphore (see
+/// [`Error::from_call`]). Cloneable: one failed batched call answers every request in it.
+#[derive(Clone, Debug)]
+pub(crate) enum CallError {
+    /// What Redis, or the Redis client, said.
+    Redis(redis::RedisError),
+    /// Redis refused a command, key or channel for lack of permission; the text says, in
+    /// redsem's words, what the user may not do (built by the code that knows what it asked).
+    Denied(String),
+    /// A reply redsem cannot read (another protocol version wrote the keys?); the text
+    /// says what.
+    Unreadable(String),
+}
+
+/// The result of one Redis call made by redsem.
+pub(crate) type CallResult<T> = Result<T, CallError>;
+
+impl From<redis::RedisError> for CallError {
+    fn from(e: redis::RedisError) -> CallError {
+        CallError::Redis(e)
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Redis(e) => fmt::Display::fmt(e, f),
+            CallError::Denied(detail) => write!(f, "permission denied: {detail}"),
+            CallError::Unreadable(text) => f.write_str(text),
+        }
     }
 }
 

@@ -16,15 +16,10 @@
 //!
 //! [`FencedStore`] does this for a resource that lives in Redis.
 
-use std::sync::LazyLock;
-
-use redis::Script;
-
 use crate::client::Client;
 use crate::error::Error;
 use crate::permit::Fence;
-
-static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/fence.lua")));
+use crate::scripts;
 
 /// Fencing-token checks and fenced writes for a resource stored in Redis.
 ///
@@ -66,18 +61,15 @@ impl FencedStore {
     }
 
     async fn call(&self, fence: Fence, write: Option<(&str, &[u8])>) -> Result<bool, Error> {
-        let mut inv = FENCE.prepare_invoke();
-        inv.key(&self.fence_key)
-            .arg(fence.slot)
-            .arg(fence.generation);
-        if let Some((key, value)) = write {
-            inv.key(key).arg(value);
-        }
         let mut conn = self.client.inner.conn.clone();
-        let accepted: i64 = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| Error::from_redis(e, &self.fence_key))?;
-        Ok(accepted == 1)
+        scripts::fence(
+            &mut conn,
+            &self.fence_key,
+            fence.slot,
+            fence.generation,
+            write,
+        )
+        .await
+        .map_err(|e| Error::from_redis(e, &self.fence_key))
     }
 }

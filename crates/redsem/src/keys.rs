@@ -13,7 +13,7 @@
 //! | `slots` | hash | slot number → id of its holder |
 //! | `free` | sorted set | free slot numbers below the limit |
 //! | `fence` | hash | slot number → generation (the fencing token) |
-//! | `c:<client>` | channel | grants for the waiters of one client process |
+//! | `c:<channel id>` | channel | grants for the waiters of one semaphore handle (a client's id and a per-handle number) |
 
 use crate::error::Error;
 
@@ -29,7 +29,7 @@ pub struct Keys {
     /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `fence`.
     #[doc(hidden)]
     pub all: [String; 7],
-    /// Prefix of the per-client notification channels; a client appends its own id.
+    /// Prefix of the per-handle notification channels; a handle appends its channel id.
     pub(crate) channel_base: String,
 }
 
@@ -55,8 +55,9 @@ impl Keys {
         })
     }
 
-    pub(crate) fn channel(&self, client_id: &str) -> String {
-        format!("{}{}", self.channel_base, client_id)
+    /// The notification channel of the handle whose channel id is `channel_id`.
+    pub(crate) fn channel(&self, channel_id: &str) -> String {
+        format!("{}{}", self.channel_base, channel_id)
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! - **FIFO**: acquirers are served in ticket order across all processes;
 //! - **leases**: a crashed holder's slot comes back within one lease, a crashed waiter leaves
-//!   the queue; live leases are renewed by one batched call per process;
+//!   the queue; live leases are renewed by one batched call per open semaphore handle;
 //! - **targeted wake-up**: a release grants the next tickets inside the same Redis script and
 //!   notifies only the process that owns each granted ticket, which starts without another
 //!   round trip — a constant number of round trips per acquisition whatever the number of
@@ -50,19 +50,21 @@
 //!
 //! Every state change is one Lua script run atomically by Redis, with time from Redis `TIME`.
 //! Each script first *reaps* expired leases, then grants the head of the queue while capacity
-//! allows, then publishes each grant on the channel of the client that owns the waiter. See
+//! allows, then publishes each grant on the channel of the handle that owns the waiter. See
 //! [`guide`] for choosing leases, the failure model and the guarantees, and
 //! [`fencing`] for protecting a resource against paused holders.
 //!
 //! # Cost
 //!
-//! Per process: two Redis connections (commands, notifications; on a Redis Cluster, two per
-//! node the client talks to) and one background task for releases, plus a heartbeat and a
-//! batching task per open semaphore handle. Per acquisition: at most one script call
-//! (acquisitions made while a call is in flight share the next one), plus at most one to
-//! release (background releases are batched too). Per process and semaphore: one batched renewal call per renewal
-//! interval while holding, and per fallback interval while waiting (one more per 512 waiters
-//! beyond the first 512).
+//! Per [`Client`]: two Redis connections (commands, notifications; on a Redis Cluster, two
+//! per node the client talks to) and three background tasks (releases; routing
+//! notifications; resubscribing after a reconnect), five through Sentinel (following the
+//! master), plus a heartbeat and a batching task per open semaphore handle. Per acquisition:
+//! at most one script call (acquisitions made while a call is in flight share the next one),
+//! plus at most one to release (background releases are batched too). Per open semaphore
+//! handle: one batched renewal call per renewal interval while holding, and per fallback or
+//! renewal interval, whichever is shorter, while waiting (one more per 512 waiters beyond the
+//! first 512).
 //!
 //! # Feature flags
 //!
@@ -83,29 +85,40 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// Layers, top to bottom; a module imports only from layers below its own (see
+// docs/ARCHITECTURE.md; checked by tests/layers.rs):
+//   public API: semaphore, builder, permit, client, admin, tower, fencing, stats, guide
+//   engine:     engine/ (acquire, batching, heartbeat, releaser, notifier, table, ...)
+//   protocol:   scripts/ (the Lua scripts, their arguments and the only reply parser)
+//   transport:  backend/ (URLs, TLS, standalone, cluster, Sentinel connections)
+//   bottom:     metrics, keys, error
+
+// public API
 mod admin;
-mod backend;
-mod batch;
+mod builder;
 mod client;
-mod driver;
-mod error;
 pub mod fencing;
 pub mod guide;
-mod heartbeat;
-mod keys;
-pub mod metrics;
-mod notifier;
 mod permit;
-mod scripts;
 mod semaphore;
 mod stats;
-mod synced;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
+// engine
+mod engine;
+// protocol
+mod scripts;
+// transport
+mod backend;
+// bottom
+mod error;
+mod keys;
+pub mod metrics;
 
 #[doc(hidden)]
-pub use client::redact as redact_url;
+pub use backend::redact_url;
+pub use builder::SemaphoreBuilder;
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::{BackendError, Error, LostReason};
 /// The key layout, for the crates of this workspace (the chaos suite reads the keys).
@@ -113,5 +126,5 @@ pub use error::{BackendError, Error, LostReason};
 pub use keys::Keys;
 pub use keys::MAX_NAME_LEN;
 pub use permit::{Fence, Permit};
-pub use semaphore::{MAX_LIMIT, Semaphore, SemaphoreBuilder};
+pub use semaphore::{MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, Stats, WaiterInfo};

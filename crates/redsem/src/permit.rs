@@ -2,16 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::{OwnedSemaphorePermit, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::engine::Held;
 use crate::error::{Error, LostReason};
-use crate::scripts::{self, Grant};
-use crate::semaphore::SemShared;
 
 /// A slot and its fencing token: the generation of that slot, incremented in Redis every time
 /// the slot is granted.
@@ -37,64 +33,6 @@ impl fmt::Display for Fence {
     }
 }
 
-/// Lease bookkeeping shared by a permit and the heartbeat.
-pub(crate) struct LeaseState {
-    lost_tx: watch::Sender<Option<LostReason>>,
-    token: CancellationToken,
-    /// Send time of the last call that confirmed the lease (or of the grant's delivery).
-    renewed_at: Mutex<Instant>,
-    /// Ticket and slots of the permit, for the events of the heartbeat.
-    granted: OnceLock<(u64, Vec<u32>)>,
-}
-
-impl LeaseState {
-    pub(crate) fn new(now: Instant) -> LeaseState {
-        LeaseState {
-            lost_tx: watch::Sender::new(None),
-            token: CancellationToken::new(),
-            renewed_at: Mutex::new(now),
-            granted: OnceLock::new(),
-        }
-    }
-
-    /// Ticket and slots of the permit that holds this lease, once known.
-    pub(crate) fn granted(&self) -> Option<&(u64, Vec<u32>)> {
-        self.granted.get()
-    }
-
-    pub(crate) fn renewed(&self, sent: Instant) {
-        let mut r = self.renewed_at.lock().unwrap();
-        if sent > *r {
-            *r = sent;
-        }
-    }
-
-    pub(crate) fn renewed_at(&self) -> Instant {
-        *self.renewed_at.lock().unwrap()
-    }
-
-    /// Marks the lease lost (first reason wins) and cancels the permit's token.
-    pub(crate) fn lose(&self, reason: LostReason) {
-        self.lost_tx.send_if_modified(|v| {
-            if v.is_none() {
-                *v = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
-        self.token.cancel();
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost_reason().is_some()
-    }
-
-    fn lost_reason(&self) -> Option<LostReason> {
-        *self.lost_tx.borrow()
-    }
-}
-
 /// A held permit (one or more permits of one acquisition). Releases on drop.
 ///
 /// While it lives, its lease is renewed in the background. If a renewal finds the entry gone,
@@ -110,73 +48,48 @@ impl LeaseState {
 /// [`run`]: Permit::run
 #[must_use = "dropping a Permit releases it at once"]
 pub struct Permit {
-    shared: Arc<SemShared>,
-    id: String,
-    n: u32,
-    ticket: u64,
+    /// The entry in Redis: renewed while it lives, released when dropped.
+    held: Held,
     fences: Vec<Fence>,
-    lease: Arc<LeaseState>,
-    _local: Option<OwnedSemaphorePermit>,
-    released: bool,
-    /// `redsem_local_holders` and `redsem_hold_seconds` (feature `metrics`).
-    _hold: crate::metrics::HoldTimer,
 }
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("semaphore", &self.shared.name())
-            .field("holder_id", &self.id)
+            .field("semaphore", &self.held.name())
+            .field("holder_id", &self.held.id())
             .field("fences", &self.fences)
-            .field("lost", &self.lease.lost_reason())
+            .field("lost", &self.held.lease().lost_reason())
             .finish()
     }
 }
 
 impl Permit {
-    pub(crate) fn new(
-        shared: Arc<SemShared>,
-        id: String,
-        n: u32,
-        grant: Grant,
-        lease: Arc<LeaseState>,
-        local: Option<OwnedSemaphorePermit>,
-    ) -> Permit {
+    pub(crate) fn new(held: Held) -> Permit {
+        let grant = held.grant();
         let fences = grant
             .slots
             .iter()
             .zip(&grant.fences)
             .map(|(&slot, &generation)| Fence { slot, generation })
             .collect();
-        let _ = lease.granted.set((grant.ticket, grant.slots.clone()));
-        let _hold = crate::metrics::HoldTimer::new(shared.name());
-        Permit {
-            _hold,
-            shared,
-            id,
-            n,
-            ticket: grant.ticket,
-            fences,
-            lease,
-            _local: local,
-            released: false,
-        }
+        Permit { held, fences }
     }
 
     /// The holder id in Redis (as listed by [`Semaphore::stats`](crate::Semaphore::stats)).
     pub fn holder_id(&self) -> &str {
-        &self.id
+        self.held.id()
     }
 
     /// The ticket this permit was granted under. Tickets are numbered in arrival order
     /// across all processes, and granted in that order (FIFO).
     pub fn ticket(&self) -> u64 {
-        self.ticket
+        self.held.grant().ticket
     }
 
     /// How many permits this holds.
     pub fn num_permits(&self) -> u32 {
-        self.n
+        self.held.permits()
     }
 
     /// The slot numbers held, in `0..limit`, one per permit, ascending. No other live holder
@@ -192,13 +105,13 @@ impl Permit {
 
     /// Whether the lease is known to be lost. Cheap, no I/O.
     pub fn is_lost(&self) -> bool {
-        self.lease.lost_reason().is_some()
+        self.held.lease().lost_reason().is_some()
     }
 
     /// A future that resolves with the reason once the lease is lost, and never resolves if
     /// it is not (including after release). `'static`, so it can be moved into a task.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.lease.lost_tx.subscribe();
+        let mut rx = self.held.lease().lost_receiver();
         async move {
             let reason = match rx.wait_for(Option::is_some).await {
                 Ok(reason) => *reason,
@@ -214,7 +127,7 @@ impl Permit {
     /// A token cancelled when the lease is lost: hand child tokens to spawned sub-tasks so
     /// that they stop too.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.lease.token.clone()
+        self.held.lease().token().clone()
     }
 
     /// Runs `work` while holding the permit, then releases it.
@@ -235,9 +148,9 @@ impl Permit {
         let lost = self.lost();
         let span = tracing::info_span!(
             "redsem.hold",
-            semaphore = %self.shared.name(),
-            holder = %self.id,
-            ticket = self.ticket,
+            semaphore = %self.held.name(),
+            holder = %self.held.id(),
+            ticket = self.ticket(),
             slots = ?self.slots(),
         );
         let result = tokio::select! {
@@ -255,44 +168,13 @@ impl Permit {
     /// # Errors
     /// Connection errors; the release is then retried in the background, and the lease
     /// expires if Redis stays unreachable.
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
-        self.shared.forget_holder(&self.id);
-        let mut conn = self.shared.client.conn.clone();
-        let target = self.shared.core.target();
-        match scripts::release(&mut conn, &target, &[&self.id], false).await {
-            Ok(_) => {
-                tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
-                    ticket = self.ticket, slots = ?self.slots(), "released");
-                Ok(())
-            }
-            Err(e) => {
-                self.shared
-                    .release_in_background(std::mem::take(&mut self.id));
-                Err(Error::from_redis(e, self.shared.name()))
-            }
-        }
+    pub async fn release(self) -> Result<(), Error> {
+        self.held.release().await
     }
 
     /// Stops renewing and does not release: the slot frees when the lease expires. For a
     /// process that hands the slot's lifetime to something else; most code wants drop.
-    pub fn detach(mut self) {
-        tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
-            ticket = self.ticket, "detached: the slot frees when its lease expires");
-        self.released = true;
-        self.shared.forget_holder(&self.id);
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        tracing::debug!(semaphore = %self.shared.name(), holder = %self.id,
-            ticket = self.ticket, slots = ?self.slots(), "released (in the background)");
-        self.shared.forget_holder(&self.id);
-        self.shared
-            .release_in_background(std::mem::take(&mut self.id));
+    pub fn detach(self) {
+        self.held.detach();
     }
 }

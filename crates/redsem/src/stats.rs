@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::error::Error;
 use crate::permit::Fence;
-use crate::scripts::RawStats;
+use crate::scripts::StatsReply;
 
 /// A consistent snapshot of one semaphore, taken by one script run (expired entries are
 /// reaped first, so every holder listed has a valid lease).
@@ -90,81 +89,57 @@ mod millis {
     }
 }
 
-#[derive(Deserialize)]
-struct RawEntry {
-    id: String,
-    n: u32,
-    #[serde(default)]
-    lb: String,
-    #[serde(default)]
-    t: f64,
-    #[serde(default)]
-    q: f64,
-    #[serde(default)]
-    a: Option<f64>,
-    #[serde(default)]
-    s: Option<Vec<f64>>,
-    #[serde(default)]
-    f: Option<Vec<f64>>,
-    #[serde(default)]
-    e: Option<f64>,
-}
-
 impl Stats {
-    pub(crate) fn from_raw(name: &str, raw: RawStats) -> Result<Stats, Error> {
-        let parse = |json: &str| -> Result<Vec<RawEntry>, Error> {
-            serde_json::from_str(json).map_err(|e| {
-                Error::InvalidArgument(format!(
-                    "semaphore {name:?}: unreadable entry in Redis ({e}); is another protocol version using these keys?"
-                ))
-            })
-        };
-        let now = raw.now_ms as f64;
+    /// The public snapshot of the reply of `stats.lua` (parsed in `scripts`).
+    pub(crate) fn from_reply(name: &str, reply: StatsReply) -> Stats {
+        let now = reply.now_ms as f64;
         let ms = |t: f64| Duration::from_millis((t.max(0.0)) as u64);
-        let mut holders: Vec<HolderInfo> = parse(&raw.holders_json)?
+        let mut holders: Vec<HolderInfo> = reply
+            .holders
             .into_iter()
             .map(|e| HolderInfo {
                 fences: e
-                    .s
+                    .slots
                     .unwrap_or_default()
                     .iter()
-                    .zip(e.f.unwrap_or_default())
+                    .zip(e.fences.unwrap_or_default())
                     .map(|(&s, g)| Fence {
                         slot: s as u32,
                         generation: g as u64,
                     })
                     .collect(),
-                held: ms(now - e.a.unwrap_or(now)),
-                lease_left: ms(e.e.unwrap_or(now) - now),
+                held: ms(now - e.granted_at.unwrap_or(now)),
+                lease_left: ms(e.expires_at.unwrap_or(now) - now),
                 id: e.id,
-                label: e.lb,
-                permits: e.n,
+                label: e.label,
+                permits: e.permits,
             })
             .collect();
         holders.sort_by_key(|h| std::cmp::Reverse(h.held));
-        let waiters = parse(&raw.waiters_json)?
+        let waiters = reply
+            .waiters
             .into_iter()
             .enumerate()
             .map(|(position, e)| WaiterInfo {
-                waited: ms(now - e.q),
-                lease_left: ms(e.e.unwrap_or(now) - now),
-                ticket: e.t as u64,
+                waited: ms(now - e.queued_at),
+                lease_left: ms(e.expires_at.unwrap_or(now) - now),
+                ticket: e.ticket as u64,
                 id: e.id,
-                label: e.lb,
-                permits: e.n,
+                label: e.label,
+                permits: e.permits,
                 position,
             })
             .collect();
-        Ok(Stats {
+        Stats {
             name: name.to_owned(),
-            limit: raw.limit,
-            in_use: raw.in_use,
-            available: raw.limit.saturating_sub(raw.in_use),
+            limit: reply.limit,
+            in_use: reply.in_use,
+            available: reply.limit.saturating_sub(reply.in_use),
             holders,
             waiters,
-            grants_total: raw.grants,
-            expired_total: raw.expired,
-            server_time_ms: raw.now_ms,
-        })
+            grants_total: reply.grants,
+            expired_total: reply.expired,
+            server_time_ms: reply.now_ms,
+        }
     }
 }

@@ -97,6 +97,7 @@ pub use tower_layer::Layer;
 pub use tower_service::Service;
 
 use crate::error::Error;
+use crate::permit::Permit;
 use crate::semaphore::Semaphore;
 
 /// The error type of [`ConcurrencyLimit`], as in tower: a boxed error that is either a
@@ -218,7 +219,7 @@ where
         } = self.config.clone();
         ResponseFuture {
             inner: Box::pin(async move {
-                let permit: Result<crate::Permit, Error> = match acquire_timeout {
+                let permit: Result<Permit, Error> = match acquire_timeout {
                     None => semaphore.acquire_many(permits).await,
                     Some(t) if t.is_zero() => semaphore.try_acquire_many(permits).await,
                     Some(t) => semaphore.acquire_many_timeout(permits, t).await,

@@ -1,10 +1,11 @@
 //! The per-client subscriber: one RESP3 connection on which Redis pushes grants.
 //!
 //! Each opened semaphore handle subscribes to its own channel
-//! `<prefix>:{<name>}:c:<client>.<n>`. The scripts publish a grant on the channel of the
-//! client that owns the granted waiter, so a release wakes exactly the waiter that got the
-//! slot, and only the process that owns it receives a message. The router task hands each
-//! record to the semaphore handle, which completes that one waiter.
+//! `<prefix>:{<name>}:c:<channel id>` (the channel id is `<client id>.<n>`). The scripts
+//! publish a grant on the channel of the handle that owns the granted waiter, so a release
+//! wakes exactly the waiter that got the slot, and only the process that owns it receives a
+//! message. The router task hands each message to the handle's [`Listener`], which completes
+//! that one waiter.
 //!
 //! On a cluster the channels are *shard* channels (`SSUBSCRIBE`, and the scripts `SPUBLISH`):
 //! a channel lives on the master of its hash slot, the same as the semaphore's keys, so the
@@ -27,9 +28,18 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Conn, Sentinel, SubConn, denied};
-use crate::error::Error;
-use crate::semaphore::SemShared;
+use crate::backend::{Backend, Conn, Sentinel, SubConn};
+use crate::error::{CallError, Error};
+use crate::scripts::explain_denied_subscription;
+
+/// What the notifier calls back: one per subscribed channel (a semaphore handle).
+pub(crate) trait Listener: Send + Sync {
+    /// A message arrived on the channel.
+    fn on_message(&self, payload: &str);
+    /// The channel was subscribed again after the subscription may have lapsed: messages
+    /// published meanwhile may be lost, so the waiters should be checked now.
+    fn on_resubscribed(&self);
+}
 
 /// Interval of the notifier's health check (a `PING` on the subscriber connection). A dead
 /// connection that sent no disconnect notice is found within this time.
@@ -38,7 +48,7 @@ const HEALTH_CHECK: Duration = Duration::from_secs(5);
 pub(crate) struct Notifier {
     /// Held only to clone or swap the connection (never across an await).
     conn: RwLock<SubConn>,
-    routes: Mutex<HashMap<String, Weak<SemShared>>>,
+    routes: Mutex<HashMap<String, Weak<dyn Listener>>>,
     response_timeout: Duration,
     /// Sentinel: the master to follow, and where new subscriber connections send pushes.
     sentinel: Option<(Arc<Sentinel>, mpsc::UnboundedSender<PushInfo>)>,
@@ -73,27 +83,30 @@ impl Notifier {
         self.conn.read().unwrap().clone()
     }
 
-    /// Subscribes `channel` and routes its messages to `sem`. Returns once Redis confirmed
-    /// the subscription, so no grant published afterwards is missed.
+    /// Subscribes `channel` and routes its messages to `listener`. Returns once Redis
+    /// confirmed the subscription, so no grant published afterwards is missed.
     pub(crate) async fn subscribe(
         &self,
         channel: &str,
-        sem: Weak<SemShared>,
+        listener: Weak<dyn Listener>,
         name: &str,
     ) -> Result<(), Error> {
-        self.routes.lock().unwrap().insert(channel.to_owned(), sem);
+        self.routes
+            .lock()
+            .unwrap()
+            .insert(channel.to_owned(), listener);
         let mut conn = self.conn();
-        let result =
-            match tokio::time::timeout(self.response_timeout, conn.subscribe(channel)).await {
-                Ok(r) => r.map_err(|e| explain_denied(e, channel)),
-                Err(_) => Err(redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no subscription confirmation",
-                ))),
-            };
+        let result = match tokio::time::timeout(self.response_timeout, conn.subscribe(channel))
+            .await
+        {
+            Ok(r) => r.map_err(|e| explain_denied_subscription(e, channel)),
+            Err(_) => Err(CallError::Redis(redis::RedisError::from(
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no subscription confirmation"),
+            ))),
+        };
         if let Err(e) = result {
             self.routes.lock().unwrap().remove(channel);
-            return Err(Error::from_redis(e, name));
+            return Err(Error::from_call(e, name));
         }
         Ok(())
     }
@@ -108,7 +121,7 @@ impl Notifier {
         }
     }
 
-    fn route(&self, channel: &str) -> Option<Arc<SemShared>> {
+    fn route(&self, channel: &str) -> Option<Arc<dyn Listener>> {
         self.routes.lock().unwrap().get(channel)?.upgrade()
     }
 
@@ -147,8 +160,8 @@ impl Notifier {
                     tokio::time::timeout(self.response_timeout, conn.subscribe(&channel)).await;
                 let error = match ok {
                     Ok(Ok(())) => {
-                        if let Some(sem) = self.route(&channel) {
-                            sem.recheck_now();
+                        if let Some(listener) = self.route(&channel) {
+                            listener.on_resubscribed();
                         }
                         continue;
                     }
@@ -205,31 +218,6 @@ impl Notifier {
             delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
-}
-
-/// Names what is missing when a subscription is refused for lack of permission: the
-/// channel pattern, or the command.
-fn explain_denied(e: redis::RedisError, channel: &str) -> redis::RedisError {
-    if e.code() != Some("NOPERM") {
-        return e;
-    }
-    let text = e.to_string();
-    if !text.to_ascii_lowercase().contains("channel") {
-        let command = text
-            .split('\'')
-            .nth(1)
-            .map_or("SUBSCRIBE".to_owned(), str::to_ascii_uppercase);
-        return denied(format!(
-            "the Redis user may not run the command {command}; Redis said: {text}"
-        ));
-    }
-    let pattern = channel
-        .find("}:c:")
-        .map_or(channel.to_owned(), |i| format!("{}*", &channel[..i + 4]));
-    denied(format!(
-        "the Redis user may not subscribe to the channel {channel:?} (the pattern \
-         {pattern:?} must be allowed); Redis said: {text}"
-    ))
 }
 
 /// Runs the resyncs one at a time (a trigger during a run causes one more run).
@@ -299,8 +287,8 @@ async fn router(
                 else {
                     continue;
                 };
-                if let Some(sem) = n.route(&channel) {
-                    sem.on_notices(&payload);
+                if let Some(listener) = n.route(&channel) {
+                    listener.on_message(&payload);
                 }
             }
             PushKind::Disconnection => {

@@ -16,52 +16,54 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{Driver, Msg};
+use super::releaser::Releaser;
+use super::remote::Remote;
+use crate::error::CallResult;
 use crate::scripts::{self, AcquireArgs, AcquireReply, Conn};
-use crate::semaphore::Core;
 
-/// Most requests sent in one script call.
-const MAX_BATCH: usize = 256;
+/// Most acquisitions sent in one script call.
+const ACQUIRES_PER_CALL: usize = 256;
 
 /// One acquisition waiting to be sent.
 pub(crate) struct Request {
     pub(crate) id: Arc<str>,
     pub(crate) n: u32,
     pub(crate) try_only: bool,
-    pub(crate) reply: oneshot::Sender<redis::RedisResult<AcquireReply>>,
+    pub(crate) reply: oneshot::Sender<CallResult<AcquireReply>>,
 }
 
-/// What every request of one handle shares.
-pub(crate) struct Fixed {
+/// The request settings of one handle: what every acquisition it sends shares.
+pub(crate) struct RequestSettings {
     pub(crate) lease_ms: u64,
     pub(crate) wait_lease_ms: u64,
-    pub(crate) channel_suffix: String,
+    /// The handle's channel id (where its grants are published).
+    pub(crate) channel_id: String,
     pub(crate) label: String,
 }
 
 /// Starts the batching task of one semaphore handle; it ends when the sender is dropped.
 pub(crate) fn spawn(
-    core: Arc<Core>,
+    remote: Arc<Remote>,
     closed: CancellationToken,
     conn: Conn,
-    driver: Driver,
-    fixed: Fixed,
+    releaser: Releaser,
+    settings: RequestSettings,
 ) -> mpsc::UnboundedSender<Request> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(rx, core, closed, conn, driver, fixed));
+    tokio::spawn(run(rx, remote, closed, conn, releaser, settings));
     tx
 }
 
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
-    core: Arc<Core>,
+    remote: Arc<Remote>,
     closed: CancellationToken,
     mut conn: Conn,
-    driver: Driver,
-    fixed: Fixed,
+    releaser: Releaser,
+    settings: RequestSettings,
 ) {
-    let mut buf: Vec<Request> = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut buf, MAX_BATCH).await > 0 {
+    let mut buf: Vec<Request> = Vec::with_capacity(ACQUIRES_PER_CALL);
+    while rx.recv_many(&mut buf, ACQUIRES_PER_CALL).await > 0 {
         // abandoned before anything was sent, or the handle closed: nothing to do in Redis
         // (a dropped reply sender tells the acquire `Closed`)
         if closed.is_cancelled() {
@@ -76,16 +78,16 @@ async fn run(
             .map(|r| AcquireArgs {
                 id: &r.id,
                 n: r.n,
-                lease_ms: fixed.lease_ms,
-                wait_lease_ms: fixed.wait_lease_ms,
-                client_channel: &fixed.channel_suffix,
-                label: &fixed.label,
+                lease_ms: settings.lease_ms,
+                wait_lease_ms: settings.wait_lease_ms,
+                channel_id: &settings.channel_id,
+                label: &settings.label,
                 try_only: r.try_only,
             })
             .collect();
-        let result = scripts::acquire(&mut conn, &core.target(), &args).await;
+        let result = scripts::acquire(&mut conn, &remote.target(), &args).await;
         drop(args);
-        let replies: Vec<redis::RedisResult<AcquireReply>> = match result {
+        let replies: Vec<CallResult<AcquireReply>> = match result {
             Ok(replies) => replies.into_iter().map(Ok).collect(),
             Err(e) => buf.iter().map(|_| Err(e.clone())).collect(),
         };
@@ -96,10 +98,7 @@ async fn run(
             );
             if req.reply.send(reply).is_err() && created {
                 // its acquire was dropped while the call was in flight
-                driver.send(Msg::Release {
-                    core: core.clone(),
-                    id: req.id.to_string(),
-                });
+                releaser.release(&remote, req.id.to_string());
             }
         }
     }

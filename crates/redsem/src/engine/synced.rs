@@ -11,22 +11,21 @@
 
 use std::sync::Arc;
 
+use super::handle::Handle;
+use super::held::Held;
 use crate::error::{Error, LostReason};
-use crate::permit::Permit;
 use crate::scripts::{self, EntryState};
-use crate::semaphore::SemShared;
 
-impl SemShared {
+impl Handle {
     /// Returns `permit` once the grant is on enough replicas (at once when synced mode is off).
-    pub(crate) async fn confirm_synced(self: &Arc<Self>, permit: Permit) -> Result<Permit, Error> {
-        let Some((replicas, timeout)) = self.client.synced else {
+    pub(crate) async fn confirm_synced(self: &Arc<Self>, permit: Held) -> Result<Held, Error> {
+        let Some((replicas, timeout)) = self.ctx.synced else {
             return Ok(permit);
         };
-        let mut conn = self.client.conn.clone();
-        let target = self.core.target();
+        let mut conn = self.ctx.conn.clone();
+        let target = self.remote.target();
         let reply =
-            scripts::renew_and_wait(&mut conn, &target, permit.holder_id(), replicas, timeout)
-                .await;
+            scripts::renew_and_wait(&mut conn, &target, permit.id(), replicas, timeout).await;
         match reply {
             Ok((EntryState::Held(_), acked)) if acked >= replicas => Ok(permit),
             Ok((EntryState::Held(_), acked)) => {
@@ -46,7 +45,7 @@ impl SemShared {
             }
             Err(e) => {
                 drop(permit);
-                Err(Error::from_redis(e, self.name()))
+                Err(Error::from_call(e, self.name()))
             }
         }
     }

@@ -1,0 +1,319 @@
+//! The deployments redsem runs on, chosen by the URL scheme, and their connections.
+//!
+//! | URL | deployment |
+//! |---|---|
+//! | `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS), `unix:///path` | one server |
+//! | `redis+cluster://[user:pass@]host:port[,host:port…]`, `rediss+cluster://…` | Redis Cluster (the hosts are seeds) |
+//! | `redis+sentinel://[user:pass@]host:port[,host:port…]/master-name[/db]`, `rediss+sentinel://…` | the master that Sentinel names |
+//!
+//! Each deployment gives a command connection ([`Conn`], what every script runs on) and a
+//! subscriber connection ([`SubConn`], where grants are pushed):
+//!
+//! - **one server**: a [`ConnectionManager`] each (reconnects with backoff);
+//! - **cluster** ([`cluster`]): a [`ClusterConnection`] each, routed by hash slot; the
+//!   subscriber uses sharded pub/sub;
+//! - **Sentinel** ([`sentinel`]): a [`ConnectionManager`] to the current master, replaced
+//!   when the master changes.
+//!
+//! The files: [`url`] (what a URL names, and how it is shown), [`tls`] (certificates),
+//! [`cluster`], [`sentinel`]; this one ties them into the two connections. Nothing here
+//! knows about semaphores.
+
+mod cluster;
+mod sentinel;
+mod tls;
+mod url;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, ConnectionInfo, Pipeline, ProtocolVersion, PushInfo, RedisError, RedisFuture, RedisResult,
+    Value,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+pub(crate) use sentinel::Sentinel;
+pub(crate) use tls::TlsPems;
+use tls::{Certs, client_for};
+pub use url::redact_url;
+use url::{Topology, parse_url, resp3};
+
+/// Everything needed to (re)connect: the topology, TLS material and timeouts.
+pub(crate) struct Backend {
+    topology: Topology,
+    certs: Option<Certs>,
+    connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+fn uses_tls(topology: &Topology) -> bool {
+    let tls = |i: &ConnectionInfo| matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. });
+    match topology {
+        Topology::Standalone(i) => tls(i),
+        Topology::Cluster(nodes) => nodes.iter().any(tls),
+        Topology::Sentinel(s) => s.tls,
+    }
+}
+
+impl Backend {
+    pub(crate) fn new(
+        url: &str,
+        pems: TlsPems,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Backend, Error> {
+        let topology = parse_url(url)?;
+        let tls = uses_tls(&topology);
+        if !pems.is_empty() && !tls {
+            return Err(Error::InvalidArgument(format!(
+                "TLS files (CA, client certificate or key) were given but {:?} does not use TLS: \
+                 use the rediss:// form of the URL",
+                redact_url(url)
+            )));
+        }
+        if pems.cert.is_some() != pems.key.is_some() {
+            return Err(Error::InvalidArgument(
+                "a TLS client certificate needs its key and a key needs its certificate: give both"
+                    .into(),
+            ));
+        }
+        #[cfg(not(feature = "tls"))]
+        if tls {
+            return Err(Error::InvalidArgument(format!(
+                "{:?} uses TLS, but redsem was built without its `tls` feature",
+                redact_url(url)
+            )));
+        }
+        Ok(Backend {
+            certs: tls::certs(pems)?,
+            topology,
+            connect_timeout,
+            response_timeout,
+        })
+    }
+
+    /// The publish command the scripts use: sharded pub/sub on a cluster.
+    pub(crate) fn publish_command(&self) -> &'static str {
+        match self.topology {
+            Topology::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
+        }
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(2))
+    }
+
+    fn cluster_builder(&self, nodes: &[ConnectionInfo]) -> redis::cluster::ClusterClientBuilder {
+        cluster::builder(
+            nodes,
+            self.connect_timeout,
+            self.response_timeout,
+            &self.certs,
+        )
+    }
+
+    /// Connects the command connection.
+    pub(crate) async fn connect(&self, stop: &CancellationToken) -> Result<Conn, Error> {
+        let map = |e: RedisError| Error::from_redis(e, "");
+        Ok(match &self.topology {
+            Topology::Standalone(info) => {
+                let client = client_for(info.clone(), &self.certs).map_err(map)?;
+                Conn::Standalone(
+                    ConnectionManager::new_with_config(client, self.manager_config())
+                        .await
+                        .map_err(map)?,
+                )
+            }
+            Topology::Cluster(nodes) => {
+                let client = self.cluster_builder(nodes).build().map_err(map)?;
+                Conn::Cluster(client.get_async_connection().await.map_err(map)?)
+            }
+            #[allow(clippy::clone_on_copy)] // Certs is Copy only without the tls feature
+            Topology::Sentinel(spec) => Conn::Sentinel(
+                Sentinel::connect(
+                    spec.clone(),
+                    self.certs.clone(),
+                    self.connect_timeout,
+                    self.response_timeout,
+                    stop,
+                )
+                .await?,
+            ),
+        })
+    }
+
+    /// Connects the subscriber connection, whose pushes (messages, disconnections) go to `tx`.
+    /// `conn` is the command connection (a Sentinel subscriber follows its master).
+    pub(crate) async fn connect_subscriber(
+        &self,
+        conn: &Conn,
+        tx: mpsc::UnboundedSender<PushInfo>,
+    ) -> Result<SubConn, Error> {
+        let map = |e: RedisError| Error::from_redis(e, "");
+        Ok(match &self.topology {
+            Topology::Cluster(nodes) => {
+                let nodes: Vec<ConnectionInfo> = nodes.iter().map(resp3).collect();
+                let client = self
+                    .cluster_builder(&nodes)
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(tx)
+                    .build()
+                    .map_err(map)?;
+                SubConn::Cluster(client.get_async_connection().await.map_err(map)?)
+            }
+            Topology::Sentinel(_) => {
+                let Conn::Sentinel(s) = conn else {
+                    unreachable!("a Sentinel topology has a Sentinel connection")
+                };
+                SubConn::Single(s.connect_subscriber(tx).await.map_err(map)?)
+            }
+            Topology::Standalone(info) => {
+                let client = client_for(resp3(info), &self.certs).map_err(map)?;
+                let config = self
+                    .manager_config()
+                    .set_push_sender(tx)
+                    .set_automatic_resubscription();
+                SubConn::Single(
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map_err(map)?,
+                )
+            }
+        })
+    }
+}
+
+/// The command connection: every script runs on it, pipelined with the others.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<Sentinel>),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(s) => {
+                let s = s.clone();
+                Box::pin(async move {
+                    s.request(|mut c| async move { c.req_packed_command(cmd).await })
+                        .await
+                })
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(s) => {
+                let s = s.clone();
+                Box::pin(async move {
+                    s.request(|mut c| async move {
+                        c.req_packed_commands(pipeline, offset, count).await
+                    })
+                    .await
+                })
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Standalone(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(s) => s.db(),
+        }
+    }
+}
+
+impl Conn {
+    /// `SCAN MATCH pattern` over every master (one page at a time per master), deduplicated.
+    pub(crate) async fn scan_match(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
+        let mut out = match self {
+            Conn::Cluster(c) => cluster::scan_masters(c, pattern).await?,
+            _ => {
+                let mut out = Vec::new();
+                let mut cursor: u64 = 0;
+                loop {
+                    let reply = cluster::scan_page(cursor, pattern)
+                        .query_async::<Value>(self)
+                        .await?;
+                    let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
+                    out.extend(keys);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                }
+                out
+            }
+        };
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Sends `pipeline` to the master that holds `key` (the node a script on `key` runs on).
+    pub(crate) async fn pipeline_on_key(
+        &mut self,
+        key: &str,
+        pipeline: &Pipeline,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Cluster(c) => cluster::pipeline_on_key(c, key, pipeline).await,
+            _ => pipeline.query_async(self).await,
+        }
+    }
+}
+
+/// The subscriber connection, on which the scripts' grants are pushed.
+#[derive(Clone)]
+pub(crate) enum SubConn {
+    /// One server (or the current Sentinel master): `SUBSCRIBE`.
+    Single(ConnectionManager),
+    /// A cluster: sharded pub/sub, `SSUBSCRIBE` on the master of each channel's slot.
+    Cluster(ClusterConnection),
+}
+
+impl SubConn {
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            SubConn::Single(c) => c.subscribe(channel).await,
+            SubConn::Cluster(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            SubConn::Single(c) => c.unsubscribe(channel).await,
+            SubConn::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn ping(&mut self) -> RedisResult<()> {
+        match self {
+            SubConn::Single(c) => redis::cmd("PING").query_async::<Value>(c).await.map(drop),
+            SubConn::Cluster(c) => redis::cmd("PING").query_async::<Value>(c).await.map(drop),
+        }
+    }
+}

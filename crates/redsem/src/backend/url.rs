@@ -1,0 +1,285 @@
+//! Redis URLs: which deployment a URL names ([`parse_url`]), and how a URL is shown in
+//! messages ([`redact_url`]).
+//!
+//! The single-server forms are parsed by redis-rs. The cluster and Sentinel forms list
+//! several hosts in one authority, which no URL parser accepts: the hosts are split here,
+//! the rest of the URL (path, query, fragment) is parsed by the `url` crate, and each host
+//! becomes a single-server URL for redis-rs. Query values of our own
+//! (`sentinel_username`, `sentinel_password`) are percent-decoded with `percent-encoding`.
+
+use percent_encoding::percent_decode_str;
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
+
+use crate::error::Error;
+
+/// Where the client connects: one server, a cluster, or a master found through sentinels.
+#[derive(Clone, Debug)]
+pub(crate) enum Topology {
+    Standalone(ConnectionInfo),
+    Cluster(Vec<ConnectionInfo>),
+    Sentinel(SentinelSpec),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct SentinelSpec {
+    pub(crate) sentinels: Vec<ConnectionInfo>,
+    pub(crate) master_name: String,
+    /// User, password and database for the master (from the URL).
+    pub(crate) data: RedisConnectionInfo,
+    pub(crate) tls: bool,
+}
+
+const URL_FORMS: &str = "redis://[user:password@]host:port[/db], rediss://… (TLS), unix:///path, \
+     redis+cluster://host:port[,host:port…], or redis+sentinel://host:port[,host:port…]/master-name";
+
+/// Parses a URL into a topology (see the module documentation for the schemes).
+pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
+    let shown = redact_url(url);
+    let bad = |why: String| {
+        Error::InvalidArgument(format!(
+            "cannot parse Redis URL {shown:?}: {why} (expected {URL_FORMS})"
+        ))
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(bad("no scheme".into()));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let (base, kind) = match scheme.split_once('+') {
+        Some((base, kind)) if kind == "cluster" || kind == "sentinel" => (base, kind),
+        _ => {
+            let info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
+            return Ok(Topology::Standalone(info));
+        }
+    };
+    if base != "redis" && base != "rediss" {
+        return Err(bad(format!("unknown scheme {scheme:?}")));
+    }
+    // authority = [creds@]host[:port][,host[:port]...]; then /path, ?query, #fragment
+    let cut = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(cut);
+    let (creds, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
+    if hosts.is_empty() {
+        return Err(bad("no host".into()));
+    }
+    // the path, query and fragment, parsed as those of a URL with one placeholder host
+    let parsed = ::url::Url::parse(&format!("{base}://placeholder{tail}"))
+        .map_err(|e| bad(format!("{e}")))?;
+    let path = parsed.path();
+    let fragment = parsed
+        .fragment()
+        .map(|f| format!("#{f}"))
+        .unwrap_or_default();
+    // sentinel_username / sentinel_password are ours; the rest goes to redis-rs
+    let (mut sentinel_user, mut sentinel_pass) = (None, None);
+    let mut rest = Vec::new();
+    for pair in parsed
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("sentinel_username", v)) => sentinel_user = Some(decode(v)),
+            Some(("sentinel_password", v)) => sentinel_pass = Some(decode(v)),
+            _ => rest.push(pair),
+        }
+    }
+    let query = if rest.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", rest.join("&"))
+    };
+    let node = |host: &str, creds: &str, path: &str| -> Result<ConnectionInfo, Error> {
+        format!("{base}://{creds}{host}{path}{query}{fragment}")
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| bad(format!("host {host:?}: {e}")))
+    };
+    if kind == "cluster" {
+        let nodes = hosts
+            .iter()
+            .map(|h| node(h, creds, path))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Topology::Cluster(nodes));
+    }
+    // sentinel: /master-name[/db]
+    let mut parts = path.trim_start_matches('/').split('/');
+    let master_name = parts.next().unwrap_or_default().to_owned();
+    if master_name.is_empty() {
+        return Err(bad(
+            "a Sentinel URL names the master: redis+sentinel://host:port/master-name".into(),
+        ));
+    }
+    let db = match parts.next() {
+        Some(db) if !db.is_empty() => format!("/{db}"),
+        _ => String::new(),
+    };
+    let data = node("127.0.0.1:6379", creds, &db)?.redis_settings().clone();
+    let sentinels = hosts
+        .iter()
+        .map(|h| {
+            // sentinels listen on 26379 by default
+            let has_port = h.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']'));
+            let h = if has_port {
+                h.to_string()
+            } else {
+                format!("{h}:26379")
+            };
+            let info = node(&h, "", "")?;
+            let mut settings = info.redis_settings().clone().set_db(0);
+            if let Some(u) = &sentinel_user {
+                settings = settings.set_username(u);
+            }
+            if let Some(p) = &sentinel_pass {
+                settings = settings.set_password(p);
+            }
+            Ok(info.set_redis_settings(settings))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(Topology::Sentinel(SentinelSpec {
+        sentinels,
+        master_name,
+        data,
+        tls: base == "rediss",
+    }))
+}
+
+/// Decodes the `%XX` escapes of a query value (a `+` stays a `+`; a stray `%` stays as is).
+fn decode(s: &str) -> String {
+    percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// The URL with its passwords replaced by `***`, for messages and logs: the password of the
+/// user-info (`redis://user:***@host`), and the value of every query parameter whose name
+/// ends in `password` (`?sentinel_password=***`). Works on URLs that do not parse, too.
+pub fn redact_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &base[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &base[..s + 3], &creds[..c], &base[at..]),
+                None => base.to_owned(),
+            }
+        }
+        _ => base.to_owned(),
+    };
+    match query {
+        None => base,
+        Some(q) => {
+            let q: Vec<String> = q
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", q.join("&"))
+        }
+    }
+}
+
+/// `info` with RESP3 (the subscriber connections need pushes).
+pub(super) fn resp3(info: &ConnectionInfo) -> ConnectionInfo {
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    info.clone().set_redis_settings(settings)
+}
+
+/// `host:port` of a TCP address, for messages.
+pub(super) fn addr_of(info: &ConnectionInfo) -> String {
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_choose_the_topology() {
+        assert!(matches!(
+            parse_url("redis://u:p@h:1/2").unwrap(),
+            Topology::Standalone(_)
+        ));
+        let Topology::Cluster(nodes) =
+            parse_url("redis+cluster://app:s%40cret@a:7000,b:7001,[::1]:7002").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[1].redis_settings().username(), Some("app"));
+        assert_eq!(nodes[1].redis_settings().password(), Some("s@cret"));
+        assert_eq!(addr_of(&nodes[0]), "a:7000");
+        let Topology::Sentinel(s) =
+            parse_url("redis+sentinel://u:pw@s1:5000,s2/mymaster/3").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(s.master_name, "mymaster");
+        assert_eq!(s.data.db(), 3);
+        assert_eq!(s.data.password(), Some("pw"));
+        assert_eq!(addr_of(&s.sentinels[1]), "s2:26379");
+        assert_eq!(s.sentinels[0].redis_settings().password(), None);
+        assert!(!s.tls);
+        let Topology::Sentinel(s) = parse_url(
+            "redis+sentinel://s1:5000/m?sentinel_username=watch&sentinel_password=p%40ss",
+        )
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(s.sentinels[0].redis_settings().username(), Some("watch"));
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("p@ss"));
+        assert_eq!(s.data.password(), None);
+        assert_eq!(decode("a%2Fb%"), "a/b%");
+        assert_eq!(decode("a+b%20c"), "a+b c");
+        for bad in [
+            "redis+sentinel://s1:5000",
+            "redis+cluster://",
+            "redis+bogus://h:1",
+            "http://h:1",
+            "ftp+cluster://h:1",
+        ] {
+            assert!(
+                matches!(parse_url(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(
+            redact_url("redis://app:secret@h:1/0"),
+            "redis://app:***@h:1/0"
+        );
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(
+            redact_url("redis+sentinel://u:pw@s1,s2/m?sentinel_password=x&a=b"),
+            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=b"
+        );
+        assert_eq!(
+            redact_url("redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=pw"),
+            "redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=***"
+        );
+        // a password with an unescaped '/' or '@' is hidden whole
+        assert_eq!(redact_url("redis://u:p/ss@h:1"), "redis://u:***@h:1");
+        assert_eq!(redact_url("redis://u:p@ss@h:1"), "redis://u:***@h:1");
+        // not a URL at all: shown as given
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

@@ -1,0 +1,163 @@
+//! [`SemaphoreBuilder`]: the settings of a semaphore handle, validated, and opening it.
+
+use std::time::Duration;
+
+use crate::client::Client;
+use crate::engine::{Handle, OpenSettings, Timing};
+use crate::error::Error;
+use crate::semaphore::{MAX_LIMIT, Semaphore};
+
+/// Opens a [`Semaphore`]; made by [`Client::semaphore`].
+#[derive(Debug)]
+#[must_use = "a SemaphoreBuilder does nothing until .open().await"]
+pub struct SemaphoreBuilder {
+    client: Client,
+    name: String,
+    limit: u32,
+    lease: Duration,
+    renew_every: Option<Duration>,
+    fallback_poll: Duration,
+    local_cap: Option<u32>,
+    label: Option<String>,
+}
+
+impl Client {
+    /// Starts opening the semaphore `name` whose limit is `limit` permits shared by every
+    /// replica. Nothing is sent to Redis until [`SemaphoreBuilder::open`].
+    pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> SemaphoreBuilder {
+        SemaphoreBuilder::new(self.clone(), name.into(), limit)
+    }
+}
+
+impl SemaphoreBuilder {
+    fn new(client: Client, name: String, limit: u32) -> SemaphoreBuilder {
+        SemaphoreBuilder {
+            client,
+            name,
+            limit,
+            lease: Duration::from_secs(10),
+            renew_every: None,
+            fallback_poll: Duration::from_secs(1),
+            local_cap: None,
+            label: None,
+        }
+    }
+
+    /// Lease of each holder and waiter (default 10 s). A crashed holder's slot is free again
+    /// at most one lease after its last renewal; a crashed waiter leaves the queue as fast.
+    /// Live holders and waiters are renewed in the background, so the lease does not bound
+    /// how long work may hold a permit.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often the leases of this process are renewed (default a third of the lease). Must
+    /// be at most half the lease, so a failed renewal is retried before the lease runs out.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// Longest time a waiter relies on notifications alone (default 1 s): while this handle
+    /// has waiters, one batched call per interval also looks for grants whose notification
+    /// was lost (and renews the waiters' leases). The waiters are checked every fallback
+    /// interval or every renewal interval, whichever is shorter. It costs one script call per
+    /// such interval per handle (one more per 512 waiters beyond the first 512).
+    pub fn fallback_poll(mut self, every: Duration) -> Self {
+        self.fallback_poll = every;
+        self
+    }
+
+    /// Caps the permits this process may have queued or held at once (an in-process
+    /// semaphore in front of the distributed one), so one replica cannot flood the queue.
+    pub fn local_cap(mut self, permits: u32) -> Self {
+        self.local_cap = Some(permits);
+        self
+    }
+
+    /// A label shown in [`Semaphore::stats`] for this process's holders and waiters
+    /// (default `host:pid`). At most 200 bytes.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    fn validate(self) -> Result<(Client, OpenSettings), Error> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.limit == 0 {
+            return bad("limit is 0: a semaphore needs at least one permit".into());
+        }
+        if self.limit > MAX_LIMIT {
+            return bad(format!(
+                "limit {} exceeds the maximum of {MAX_LIMIT}",
+                self.limit
+            ));
+        }
+        if self.lease < Duration::from_millis(20) {
+            return bad(format!(
+                "lease {:?} is shorter than the minimum of 20ms",
+                self.lease
+            ));
+        }
+        let renew_every = self.renew_every.unwrap_or(self.lease / 3);
+        if renew_every.is_zero() || renew_every > self.lease / 2 {
+            return bad(format!(
+                "renewal interval {renew_every:?} must be greater than zero and at most half the lease ({:?}): \
+                 lengthen the lease or renew more often",
+                self.lease
+            ));
+        }
+        if self.fallback_poll < Duration::from_millis(1) {
+            return bad("fallback poll interval must be at least 1ms".into());
+        }
+        if self.local_cap == Some(0) {
+            return bad("local cap is 0: it must allow at least one permit".into());
+        }
+        let label = match &self.label {
+            Some(l) => l.clone(),
+            None => default_label(),
+        };
+        if label.len() > 200 {
+            return bad(format!(
+                "label is {} bytes long; the maximum is 200",
+                label.len()
+            ));
+        }
+        Ok((
+            self.client,
+            OpenSettings {
+                name: self.name,
+                limit: self.limit,
+                timing: Timing::new(self.lease, renew_every, self.fallback_poll),
+                label,
+                local_cap: self.local_cap,
+            },
+        ))
+    }
+
+    /// Subscribes to this handle's notification channel, creates the semaphore in Redis if it
+    /// does not exist, and checks that the stored limit is the one asked for.
+    ///
+    /// Cost: two round trips (SUBSCRIBE, one script), once per handle.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`]), lease,
+    /// renewal interval, local cap or label, before anything is sent;
+    /// [`Error::LimitConflict`] when the semaphore exists with another limit;
+    /// [`Error::WrongType`] when one of its keys holds a foreign value; connection and
+    /// permission errors as they come.
+    pub async fn open(self) -> Result<Semaphore, Error> {
+        let (client, settings) = self.validate()?;
+        let handle = Handle::open(client.inner, settings).await?;
+        Ok(Semaphore { handle })
+    }
+}
+
+fn default_label() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    format!("{}:{}", host.trim(), std::process::id())
+}

@@ -1,0 +1,377 @@
+//! The acquire path: one acquisition from the call to the grant, as a state machine.
+//!
+//! 1. checks that cost nothing (`n`, closed, limit), then the local cap;
+//! 2. [`Pending::new`] registers the waiter in the table *before* the request is sent (a
+//!    grant may be notified before the script's reply arrives);
+//! 3. the request goes through the batching task ([`batch`](super::batch)) to
+//!    `acquire.lua`: granted, queued, no capacity (try), or too many;
+//! 4. a queued waiter waits for its [`Outcome`]: delivered by a notification (the notifier),
+//!    the heartbeat's fallback poll, or [`Handle::close`];
+//! 5. a grant that arrives after the waiter's lease could have ended is given back and the
+//!    request queued again; otherwise it becomes a [`Held`] entry (wrapped into a `Permit`
+//!    by the public layer), confirmed on replicas first in synced mode.
+//!
+//! Cancel safety: dropping the future at any `.await` drops the armed [`Pending`], which
+//! removes the waiter locally and the entry from Redis in the background.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::batch;
+use super::handle::Handle;
+use super::held::Held;
+use super::lease::LeaseState;
+use super::table::{Outcome, Waiter};
+use crate::error::{BackendError, Error};
+use crate::scripts::AcquireReply;
+
+impl Handle {
+    fn new_id(&self) -> String {
+        let r = uuid::Uuid::new_v4().simple().to_string();
+        format!("{}-{}", self.channel_id, &r[..12])
+    }
+
+    /// One acquisition, traced (span `redsem.acquire`) and measured (feature `metrics`); in
+    /// synced mode, the grant is confirmed on enough replicas.
+    ///
+    /// Built from combinators rather than `async fn` layers: each layer would store its own
+    /// copy of the arguments (and of the result) in the future, and a waiting task carries
+    /// that future as long as it waits. The synced-mode step is boxed for the same reason.
+    pub(crate) fn acquire(
+        self: &Arc<Self>,
+        n: u32,
+        try_only: bool,
+        deadline: Option<(Instant, Duration)>,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + '_ {
+        use futures_util::FutureExt as _;
+        use futures_util::future::{Either, ready};
+        let span = tracing::debug_span!(
+            "redsem.acquire",
+            semaphore = %self.name(),
+            permits = n,
+            mode = if try_only { "try" } else { "wait" },
+            holder = tracing::field::Empty,
+            ticket = tracing::field::Empty,
+            slots = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        self.acquire_untraced(n, try_only, deadline)
+            .then(move |result| match result {
+                Ok(permit) if self.ctx.synced.is_some() => {
+                    Either::Left(Box::pin(self.confirm_synced(permit)))
+                }
+                other => Either::Right(ready(other)),
+            })
+            .map(move |result| {
+                self.record_acquire(&result, started);
+                result
+            })
+            .instrument(span)
+    }
+
+    /// Records the outcome of an acquisition in its span and metrics.
+    fn record_acquire(&self, result: &Result<Held, Error>, started: Instant) {
+        let waited = started.elapsed();
+        match result {
+            Ok(permit) => {
+                let span = tracing::Span::current();
+                span.record("ticket", permit.grant().ticket);
+                span.record("slots", tracing::field::debug(&permit.grant().slots));
+                tracing::debug!(waited_ms = waited.as_millis() as u64, "granted");
+                crate::metrics::acquired(self.name(), waited);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, waited_ms = waited.as_millis() as u64, "acquire failed");
+                crate::metrics::acquire_failed(self.name(), e);
+            }
+        }
+    }
+
+    async fn acquire_untraced(
+        self: &Arc<Self>,
+        n: u32,
+        try_only: bool,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<Held, Error> {
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot acquire 0 permits: ask for at least one".into(),
+            ));
+        }
+        if self.closed.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        let limit = self.limit();
+        if n > limit {
+            return Err(Error::TooManyPermits {
+                requested: n,
+                limit,
+            });
+        }
+        // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
+        // future stays small (one per waiting task; see the benchmark's `memory` scenario).
+        let mut deadline = deadline.map(|(at, timeout)| Deadline {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+            timeout,
+        });
+        let local = match &self.local_cap {
+            None => None,
+            Some((cap, _)) if n > *cap => {
+                return Err(Error::InvalidArgument(format!(
+                    "requested {n} permits, more than this process's local cap of {cap}"
+                )));
+            }
+            Some((_, sem)) if try_only => Some(
+                sem.clone()
+                    .try_acquire_many_owned(n)
+                    .map_err(|_| Error::NoPermits)?,
+            ),
+            // boxed: its state is not carried by every acquire future
+            Some((_, sem)) => Some(Box::pin(self.local_permit(sem, n, deadline.as_mut())).await?),
+        };
+        loop {
+            let mut pending = Pending::new(self, try_only)?;
+            tracing::Span::current().record("holder", &*pending.id);
+            // Scoped, and the call boxed like the local cap: only the wait below lives as
+            // long as the queue.
+            {
+                // before the request can reach Redis: the lease of a try-mode grant starts later
+                let sent = Instant::now();
+                let reply =
+                    Box::pin(self.send_request(&pending.id, n, try_only, deadline.as_mut()))
+                        .await?;
+                match reply {
+                    AcquireReply::Granted(grant) if try_only => {
+                        if self.lease_may_have_ended(sent) {
+                            // the reply came too late to trust the grant: give it back
+                            let id = pending.disarm();
+                            self.table.release_in_background(id);
+                            return Err(Error::Unreachable(BackendError::timed_out(format!(
+                                "the grant of semaphore {:?} came back after its lease could have ended",
+                                self.name()
+                            ))));
+                        }
+                        let lease = Arc::new(LeaseState::new(sent));
+                        self.table
+                            .lock()
+                            .holders
+                            .insert(pending.id.to_string(), lease.clone());
+                        self.table.poke.notify_one();
+                        let id = pending.disarm();
+                        return Ok(Held::new(self.clone(), id, n, *grant, lease, local));
+                    }
+                    AcquireReply::Granted(grant) => {
+                        self.table.deliver(&pending.id, Outcome::Granted(grant))
+                    }
+                    AcquireReply::Queued {
+                        ticket,
+                        next_expiry_ms,
+                    } => {
+                        tracing::Span::current().record("ticket", ticket);
+                        tracing::debug!(ticket, "waiting in the queue");
+                        self.table.lock().waiter_queued(&pending.id);
+                        self.heartbeat.lease_expires_in(next_expiry_ms)
+                    }
+                    AcquireReply::NoCapacity => {
+                        pending.disarm();
+                        return Err(Error::NoPermits);
+                    }
+                    AcquireReply::TooMany { limit } => {
+                        pending.disarm();
+                        self.remote.set_limit(limit);
+                        return Err(Error::TooManyPermits {
+                            requested: n,
+                            limit,
+                        });
+                    }
+                }
+            }
+            let rx = pending
+                .rx
+                .as_mut()
+                .expect("a waiting acquire has a receiver");
+            // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
+            // the token here.
+            let outcome = tokio::select! {
+                o = rx => o,
+                e = timed_out(deadline.as_mut()) => return Err(e),
+            };
+            match outcome {
+                Ok(Outcome::Granted(grant)) => {
+                    let id = pending.disarm();
+                    // The lease the table created for the new holder: gone if the heartbeat
+                    // declared it lost meanwhile.
+                    let lease = self.table.lock().holders.get(&id).cloned();
+                    // A grant keeps the waiter's lease. One that arrives after that lease
+                    // could have run out (its notification or reply held up) may no longer be
+                    // ours in Redis: give it back and queue again, at the back.
+                    let lease = match lease {
+                        Some(lease)
+                            if !lease.is_lost()
+                                && !self.lease_may_have_ended(lease.renewed_at()) =>
+                        {
+                            lease
+                        }
+                        _ => {
+                            tracing::info!(semaphore = %self.name(), "grant arrived too late to be trusted; queueing again");
+                            self.table.forget_holder(&id);
+                            self.table.release_in_background(id);
+                            continue;
+                        }
+                    };
+                    return Ok(Held::new(self.clone(), id, n, *grant, lease, local));
+                }
+                Ok(Outcome::Rejected) => {
+                    pending.disarm();
+                    return Err(Error::TooManyPermits {
+                        requested: n,
+                        limit: self.limit(),
+                    });
+                }
+                // armed: dropping `pending` removes the entry from Redis
+                Ok(Outcome::Closed) => return Err(Error::Closed),
+                // The ticket vanished (paused past its lease, or Redis lost its data):
+                // queue again, at the back.
+                Ok(Outcome::Lost) | Err(_) => {
+                    tracing::info!(semaphore = %self.name(), "ticket lost while waiting; queueing again");
+                    pending.disarm();
+                    continue;
+                }
+            }
+        }
+    }
+
+    /// Waits for `n` permits of this process's local cap.
+    async fn local_permit(
+        &self,
+        sem: &Arc<tokio::sync::Semaphore>,
+        n: u32,
+        deadline: Option<&mut Deadline>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
+        tokio::select! {
+            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| Error::Closed),
+            _ = self.closed.cancelled() => Err(Error::Closed),
+            e = timed_out(deadline) => Err(e),
+        }
+    }
+
+    /// Hands one request to the batching task and waits for its reply. After
+    /// [`close`](Self::close), the batching task answers a request it has not sent yet with
+    /// `Closed` (one already sent returns with its call): watching the token here too would
+    /// make every request's future larger.
+    async fn send_request(
+        &self,
+        id: &Arc<str>,
+        n: u32,
+        try_only: bool,
+        deadline: Option<&mut Deadline>,
+    ) -> Result<AcquireReply, Error> {
+        let (tx, rx) = oneshot::channel();
+        let request = batch::Request {
+            id: id.clone(),
+            n,
+            try_only,
+            reply: tx,
+        };
+        if self.batch.send(request).is_err() {
+            return Err(Error::Closed);
+        }
+        tokio::select! {
+            r = rx => match r {
+                Ok(r) => r.map_err(|e| Error::from_call(e, self.name())),
+                Err(_) => Err(Error::Closed),
+            },
+            e = timed_out(deadline) => Err(e),
+        }
+    }
+}
+
+/// The deadline of an acquire with a timeout: its timer (on the heap) and the timeout it
+/// reports.
+struct Deadline {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+/// Resolves with [`Error::Timeout`] once `deadline` has passed; never without one.
+async fn timed_out(deadline: Option<&mut Deadline>) -> Error {
+    match deadline {
+        Some(d) => {
+            d.sleep.as_mut().await;
+            Error::Timeout(d.timeout)
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// A pending acquire: registered as a local waiter before the script is sent (a grant may
+/// be notified before the script's reply arrives). If dropped while armed (cancelled, timed
+/// out, failed), it removes the waiter locally and the entry from Redis in the background,
+/// and releases a grant that arrived meanwhile.
+struct Pending<'a> {
+    shared: &'a Arc<Handle>,
+    id: Arc<str>,
+    rx: Option<oneshot::Receiver<Outcome>>,
+    armed: bool,
+}
+
+impl<'a> Pending<'a> {
+    /// Registers the waiter (not for a try). `Err(Closed)` if the handle is closed: checked
+    /// under the lock that [`Handle::close`] takes to wake the waiters, so none is missed.
+    fn new(shared: &'a Arc<Handle>, try_only: bool) -> Result<Pending<'a>, Error> {
+        let id: Arc<str> = shared.new_id().into();
+        let rx = if try_only {
+            None
+        } else {
+            let (tx, rx) = oneshot::channel();
+            let mut st = shared.table.lock();
+            if shared.closed.is_cancelled() {
+                return Err(Error::Closed);
+            }
+            if st.waiters.is_empty() {
+                shared.heartbeat.first_waiter();
+            }
+            st.waiters
+                .insert(id.clone(), Waiter::new(tx, shared.name()));
+            drop(st);
+            shared.table.poke.notify_one();
+            Some(rx)
+        };
+        Ok(Pending {
+            shared,
+            id,
+            rx,
+            armed: true,
+        })
+    }
+
+    fn disarm(&mut self) -> String {
+        self.armed = false;
+        self.id.to_string()
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        {
+            let mut st = self.shared.table.lock();
+            if st.waiters.remove(&self.id).is_none() {
+                // resolved meanwhile: a grant sits in the channel, nobody will take it
+                if let Some(Ok(Outcome::Granted(..))) = self.rx.as_mut().map(|rx| rx.try_recv()) {
+                    st.holders.remove(&*self.id);
+                }
+            }
+        }
+        // The script may have run even if its reply was lost: remove whatever exists.
+        self.shared.table.release_in_background(self.id.to_string());
+    }
+}

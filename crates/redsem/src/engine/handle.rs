@@ -1,0 +1,172 @@
+//! [`Handle`]: the per-handle shared state behind a public `Semaphore` and its permits —
+//! the semaphore in Redis, the waiter/holder table, the heartbeat, the batching task, the
+//! notification channel — and how a handle is opened.
+//!
+//! The acquire path ([`acquire`](super::acquire)) and synced mode
+//! ([`synced`](super::synced)) add methods to it from their own files.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::{self, RequestSettings};
+use super::context::Context;
+use super::heartbeat::Heartbeat;
+use super::lease::Timing;
+use super::notifier::Listener;
+use super::releaser::Job;
+use super::remote::Remote;
+use super::table::{Outcome, Table};
+use crate::error::Error;
+use crate::keys::Keys;
+use crate::scripts::{self, Notice};
+
+/// The state one semaphore handle and its clones and permits share. Dropping the last
+/// reference stops the heartbeat and unsubscribes the channel.
+pub(crate) struct Handle {
+    pub(crate) ctx: Arc<Context>,
+    /// Acquisitions go through the batching task (see batch.rs).
+    pub(super) batch: mpsc::UnboundedSender<batch::Request>,
+    pub(crate) remote: Arc<Remote>,
+    pub(crate) timing: Timing,
+    /// This handle's channel id (it also starts the ids of its holders and waiters).
+    pub(super) channel_id: String,
+    channel: String,
+    pub(crate) table: Arc<Table>,
+    pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) closed: CancellationToken,
+    pub(super) local_cap: Option<(u32, Arc<tokio::sync::Semaphore>)>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.heartbeat.stop();
+        self.ctx.releaser.send(Job::Unsubscribe {
+            channel: self.channel.clone(),
+        });
+    }
+}
+
+impl Listener for Handle {
+    fn on_message(&self, payload: &str) {
+        for notice in scripts::parse_notices(payload) {
+            match notice {
+                Notice::Granted { id, grant } => {
+                    self.table.deliver(&id, Outcome::Granted(Box::new(grant)))
+                }
+                Notice::Rejected { id } => self.table.deliver(&id, Outcome::Rejected),
+            }
+        }
+    }
+
+    fn on_resubscribed(&self) {
+        self.heartbeat.recheck_now();
+    }
+}
+
+/// What opening a handle needs (validated by the builder).
+pub(crate) struct OpenSettings {
+    pub(crate) name: String,
+    pub(crate) limit: u32,
+    pub(crate) timing: Timing,
+    pub(crate) label: String,
+    pub(crate) local_cap: Option<u32>,
+}
+
+impl Handle {
+    /// Subscribes to the handle's channel, creates the semaphore in Redis if it does not
+    /// exist, checks that the stored limit is the one asked for, and starts the heartbeat.
+    pub(crate) async fn open(ctx: Arc<Context>, s: OpenSettings) -> Result<Arc<Handle>, Error> {
+        let keys = Keys::new(&ctx.prefix, &s.name)?;
+        let channel_id = ctx.new_channel_id();
+        let channel = keys.channel(&channel_id);
+        let remote = Arc::new(Remote::new(keys, s.limit, ctx.publish));
+        let closed = CancellationToken::new();
+        let lease_ms = s.timing.lease.as_millis() as u64;
+        let batch = batch::spawn(
+            remote.clone(),
+            closed.clone(),
+            ctx.conn.clone(),
+            ctx.releaser.clone(),
+            RequestSettings {
+                lease_ms,
+                wait_lease_ms: lease_ms,
+                channel_id: channel_id.clone(),
+                label: s.label,
+            },
+        );
+        let table = Arc::new(Table::new(remote.clone(), ctx.releaser.clone()));
+        let heartbeat = Heartbeat::new(
+            table.clone(),
+            remote.clone(),
+            s.timing.clone(),
+            ctx.conn.clone(),
+            ctx.response_timeout,
+        );
+        let handle = Arc::new(Handle {
+            ctx: ctx.clone(),
+            batch,
+            remote,
+            timing: s.timing,
+            channel_id,
+            channel: channel.clone(),
+            table,
+            heartbeat,
+            closed,
+            local_cap: s
+                .local_cap
+                .map(|n| (n, Arc::new(tokio::sync::Semaphore::new(n as usize)))),
+        });
+        // From here on, dropping `handle` unsubscribes (see Drop).
+        let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
+        ctx.notifier.subscribe(&channel, listener, &s.name).await?;
+        let mut conn = ctx.conn.clone();
+        let (stored, created) = scripts::open(&mut conn, &handle.remote.target())
+            .await
+            .map_err(|e| Error::from_call(e, &s.name))?;
+        if stored != s.limit {
+            return Err(Error::LimitConflict {
+                name: s.name,
+                requested: s.limit,
+                stored,
+            });
+        }
+        tracing::debug!(semaphore = %s.name, limit = stored, created, "opened");
+        handle.heartbeat.start();
+        Ok(handle)
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.remote.name()
+    }
+
+    /// The limit as last seen in Redis.
+    pub(crate) fn limit(&self) -> u32 {
+        self.remote.limit()
+    }
+
+    /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
+    /// Redis by now.
+    pub(crate) fn lease_may_have_ended(&self, confirmed: tokio::time::Instant) -> bool {
+        self.timing.may_have_ended(confirmed)
+    }
+
+    /// Closes the handle: wakes every pending acquire with [`Outcome::Closed`] (they remove
+    /// their entries from Redis as they return). An acquire that registers later sees the
+    /// token cancelled under the table's lock, which this takes after cancelling it.
+    pub(crate) fn close(&self) {
+        self.closed.cancel();
+        self.table.close_waiters();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// `(holders, waiters)` entries of this handle in this process.
+    pub(crate) fn local_counts(&self) -> (usize, usize) {
+        let st = self.table.lock();
+        (st.holders.len(), st.waiters.len())
+    }
+}

@@ -1,0 +1,354 @@
+//! The heartbeat: one task per semaphore handle that renews every local lease in one batched
+//! call (one more per 512 waiters beyond the first 512), finds grants whose notification was
+//! lost, and declares permits lost in time. Its [`Schedule`] is its own: the rest of the
+//! engine only tells it what happened ([`Heartbeat::lease_expires_in`],
+//! [`Heartbeat::first_waiter`], [`Heartbeat::recheck_now`]).
+//!
+//! It wakes at the earliest of:
+//! - the renewal time of the holders (last renewal + renewal interval);
+//! - the check of the waiters (last check + the shorter of the fallback and renewal
+//!   intervals: a waiter's lease must be renewed too);
+//! - the moment a lease in Redis is due to expire (as reported by the last script, plus
+//!   [`REAP_SLACK`]): a crashed holder's slot is then reclaimed by this call and granted to
+//!   the head of the queue, so crash recovery does not wait for the fallback poll;
+//! - the local deadline of a holder (last confirmed renewal + lease − safety margin): if no
+//!   renewal has been confirmed by then, the permit is lost;
+//! - a poke (new waiter or holder, reconnect of the subscriber).
+//!
+//! A renewal never re-creates an entry: an entry that expired is reported gone and its permit
+//! is lost.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::lease::{LeaseState, Timing};
+use super::remote::Remote;
+use super::table::{Entries, Outcome, Table};
+use crate::error::LostReason;
+use crate::scripts::{self, Conn, EntryState};
+
+/// Delay before retrying a failed heartbeat.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// How late after a lease's expiry (as Redis reported it) the heartbeat looks, so that the
+/// lease has expired by Redis's clock too.
+const REAP_SLACK: Duration = Duration::from_millis(2);
+
+/// Most waiters renewed by one call. Every holder goes in the first call; thousands of
+/// waiters are spread over several calls, so that no call (its arguments and its reply,
+/// held in memory at once) grows with the number of waiters.
+const WAITERS_PER_CALL: usize = 512;
+
+/// When the heartbeat runs next: the times it keeps besides the leases themselves.
+pub(crate) struct Schedule {
+    /// Check everything at once (set by a reconnect).
+    force: bool,
+    /// Retry time after a failed heartbeat.
+    retry_at: Option<Instant>,
+    /// When a lease in Redis is due to expire (plus [`REAP_SLACK`]).
+    next_check: Option<Instant>,
+    /// Last time the waiters were checked.
+    waiters_checked_at: Instant,
+}
+
+impl Schedule {
+    fn new() -> Schedule {
+        Schedule {
+            force: false,
+            retry_at: None,
+            next_check: None,
+            waiters_checked_at: Instant::now(),
+        }
+    }
+
+    /// A script reported that a lease in Redis expires in `ms`: look then (the earliest wins).
+    fn lease_expires_in(&mut self, ms: u64) {
+        let at = Instant::now() + Duration::from_millis(ms) + REAP_SLACK;
+        self.next_check = Some(self.next_check.map_or(at, |t| t.min(at)));
+    }
+
+    /// A renewal call succeeded at `now`; the nearest expiry it reported is `next_expiry_ms`.
+    fn succeeded(&mut self, now: Instant, next_expiry_ms: Option<u64>) {
+        self.retry_at = None;
+        self.waiters_checked_at = now;
+        self.next_check = next_expiry_ms.map(|ms| now + Duration::from_millis(ms) + REAP_SLACK);
+    }
+
+    /// A renewal call failed at `now`: retry soon.
+    fn failed(&mut self, now: Instant) {
+        self.retry_at = Some(now + RETRY);
+    }
+
+    /// When the heartbeat must run next given the table `st`, or `None` when the handle has
+    /// nothing to look after.
+    fn next_wakeup(&self, st: &Entries, timing: &Timing) -> Option<Instant> {
+        let mut at: Option<Instant> = None;
+        let mut earliest = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if st.holders.is_empty() && !st.has_waiters() {
+            return None;
+        }
+        if let Some(r) = self.retry_at {
+            earliest(r);
+        }
+        for lease in st.holders.values() {
+            earliest(lease.renewed_at() + timing.renew_every);
+            earliest(timing.deadline(lease.renewed_at()));
+        }
+        if st.has_waiters() {
+            earliest(self.waiters_checked_at + timing.waiter_check());
+            if let Some(c) = self.next_check {
+                earliest(c);
+            }
+        }
+        at
+    }
+}
+
+/// The heartbeat of one handle: its schedule and what a renewal needs.
+pub(crate) struct Heartbeat {
+    schedule: Mutex<Schedule>,
+    table: Arc<Table>,
+    remote: Arc<Remote>,
+    timing: Timing,
+    conn: Conn,
+    response_timeout: Duration,
+    /// Cancelled when the handle is gone.
+    stop: CancellationToken,
+}
+
+impl Heartbeat {
+    /// The heartbeat of a handle, not started yet.
+    pub(crate) fn new(
+        table: Arc<Table>,
+        remote: Arc<Remote>,
+        timing: Timing,
+        conn: Conn,
+        response_timeout: Duration,
+    ) -> Arc<Heartbeat> {
+        Arc::new(Heartbeat {
+            schedule: Mutex::new(Schedule::new()),
+            table,
+            remote,
+            timing,
+            conn,
+            response_timeout,
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// Starts the task; it runs until [`stop`](Self::stop) or until `self` is dropped.
+    pub(crate) fn start(self: &Arc<Self>) {
+        let (poke, stop) = (self.table.poke.clone(), self.stop.clone());
+        tokio::spawn(run(Arc::downgrade(self), poke, stop));
+    }
+
+    /// Stops the task (the handle is gone).
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Check every waiter and holder now (after a reconnect).
+    pub(crate) fn recheck_now(&self) {
+        self.schedule.lock().unwrap().force = true;
+        self.table.poke.notify_one();
+    }
+
+    /// A script reported the time to the nearest lease expiry in Redis, if any: look then.
+    pub(crate) fn lease_expires_in(&self, ms: Option<u64>) {
+        if let Some(ms) = ms {
+            self.schedule.lock().unwrap().lease_expires_in(ms);
+        }
+        self.table.poke.notify_one();
+    }
+
+    /// The first waiter is being registered (call it under the table's lock, before the
+    /// insertion): the waiters' check interval starts now.
+    pub(crate) fn first_waiter(&self) {
+        self.schedule.lock().unwrap().waiters_checked_at = Instant::now();
+    }
+
+    fn next_wakeup(&self) -> Option<Instant> {
+        let st = self.table.lock();
+        self.schedule.lock().unwrap().next_wakeup(&st, &self.timing)
+    }
+
+    fn name(&self) -> &str {
+        self.remote.name()
+    }
+}
+
+async fn run(weak: Weak<Heartbeat>, poke: Arc<Notify>, stop: CancellationToken) {
+    loop {
+        let wake = match weak.upgrade() {
+            Some(hb) => hb.next_wakeup(),
+            None => return,
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = poke.notified() => {}
+            _ = sleep_until_opt(wake) => {}
+        }
+        let Some(hb) = weak.upgrade() else { return };
+        let forced = std::mem::take(&mut hb.schedule.lock().unwrap().force);
+        let due = forced || hb.next_wakeup().is_some_and(|t| t <= Instant::now());
+        if due {
+            beat(&hb).await;
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A local holder: its id and lease.
+type Holder = (String, Arc<LeaseState>);
+
+/// One renewal and check of every local holder and waiter: one call, or one per
+/// [`WAITERS_PER_CALL`] waiters.
+async fn beat(hb: &Heartbeat) {
+    let (holders, waiters): (Vec<Holder>, Vec<Arc<str>>) = {
+        let st = hb.table.lock();
+        (st.holders(), st.waiter_ids())
+    };
+    if holders.is_empty() && waiters.is_empty() {
+        return;
+    }
+    let mut chunks = waiters.chunks(WAITERS_PER_CALL);
+    let first = renew_call(hb, &holders, chunks.next().unwrap_or_default()).await;
+    let mut poked = first.poked;
+    if first.ok {
+        for chunk in chunks {
+            let call = renew_call(hb, &[], chunk).await;
+            poked |= call.poked;
+            if !call.ok {
+                break; // retried as a whole later
+            }
+        }
+    }
+    // Holders whose lease could have expired without a confirmed renewal are lost (those
+    // granted during the call included).
+    let current: Vec<Holder> = hb.table.lock().holders();
+    for (id, lease) in &current {
+        if hb.timing.deadline(lease.renewed_at()) <= Instant::now() {
+            lose(hb, id, lease, LostReason::Unreachable);
+        }
+    }
+    if poked {
+        // the pokes consumed above were meant for the loop as well
+        hb.table.poke.notify_one();
+    }
+}
+
+/// What one renewal call did.
+struct Call {
+    /// Redis answered.
+    ok: bool,
+    /// The heartbeat was poked meanwhile (the poke was consumed here).
+    poked: bool,
+}
+
+/// One renewal call for `holders` and `waiters`: confirms their leases, delivers grants and
+/// losses, and schedules the next check.
+async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) -> Call {
+    let sent = Instant::now();
+    // Never wait for an answer past the moment a holder's lease could have expired: every
+    // local holder's, not only those renewed by this call.
+    let holders_limit = |limit: Instant| {
+        let st = hb.table.lock();
+        st.holders.values().fold(limit, |limit, lease| {
+            limit.min(
+                hb.timing
+                    .deadline(lease.renewed_at())
+                    .max(sent + Duration::from_millis(1)),
+            )
+        })
+    };
+    let mut limit = holders_limit(sent + hb.response_timeout);
+    let ids: Vec<&str> = holders
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .chain(waiters.iter().map(|id| &**id))
+        .collect();
+    let mut conn = hb.conn.clone();
+    let span = tracing::debug_span!(
+        "redsem.renew",
+        semaphore = %hb.name(),
+        holders = holders.len(),
+        waiters = waiters.len(),
+    );
+    let target = hb.remote.target();
+    let renew = scripts::renew(&mut conn, &target, &ids).instrument(span.clone());
+    tokio::pin!(renew);
+    // A grant notified while this call is in flight adds a holder whose lease (the waiter's)
+    // may end before the answer comes: a poke lowers the limit to its deadline too.
+    let mut poked = false;
+    let reply = loop {
+        tokio::select! {
+            r = &mut renew => break Ok(r),
+            _ = tokio::time::sleep_until(limit) => break Err(()),
+            _ = hb.table.poke.notified() => {
+                poked = true;
+                limit = holders_limit(limit);
+            }
+        }
+    };
+    let now = Instant::now();
+    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok(_))));
+    match reply {
+        Ok(Ok((next_expiry, states))) => {
+            tracing::debug!(parent: &span, "renewed");
+            hb.schedule.lock().unwrap().succeeded(now, next_expiry);
+            let (h_states, w_states) = states.split_at(holders.len());
+            for ((id, lease), state) in holders.iter().zip(h_states) {
+                match state {
+                    EntryState::Held(_) => lease.renewed(sent),
+                    EntryState::Gone | EntryState::Waiting => {
+                        lose(hb, id, lease, LostReason::NotHolder);
+                    }
+                }
+            }
+            for (id, state) in waiters.iter().zip(w_states) {
+                match state {
+                    EntryState::Held(grant) => hb
+                        .table
+                        .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
+                    EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
+                    EntryState::Waiting => hb.table.lock().waiter_renewed(id, sent),
+                }
+            }
+            Call { ok: true, poked }
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(semaphore = %hb.name(), error = %e, "heartbeat failed; retrying");
+            hb.schedule.lock().unwrap().failed(now);
+            Call { ok: false, poked }
+        }
+        Err(_) => {
+            tracing::warn!(semaphore = %hb.name(), "heartbeat timed out; retrying");
+            hb.schedule.lock().unwrap().failed(now);
+            Call { ok: false, poked }
+        }
+    }
+}
+
+fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
+    let was_holder = hb.table.lock().holders.remove(id).is_some();
+    if !was_holder {
+        return; // released meanwhile
+    }
+    let (ticket, slots) = lease.granted().cloned().unwrap_or_default();
+    tracing::warn!(semaphore = %hb.name(), holder = id, ticket, ?slots, %reason, "lease lost");
+    crate::metrics::lease_lost(hb.name(), reason);
+    lease.lose(reason);
+    // Whatever is left of the entry in Redis is removed (idempotent).
+    hb.table.release_in_background(id.to_owned());
+}

@@ -1,0 +1,118 @@
+//! [`Held`]: one granted entry as the engine hands it to the public layer, which wraps it in
+//! a [`Permit`](crate::Permit). It owns the entry in Redis: released on drop (in the
+//! background), by [`release`](Held::release) in place, or left to expire by
+//! [`detach`](Held::detach).
+
+use std::sync::Arc;
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::handle::Handle;
+use super::lease::LeaseState;
+use crate::error::Error;
+use crate::scripts::{self, Grant};
+
+/// A granted entry of one acquisition, renewed by the heartbeat while it lives.
+pub(crate) struct Held {
+    handle: Arc<Handle>,
+    id: String,
+    n: u32,
+    grant: Grant,
+    lease: Arc<LeaseState>,
+    _local: Option<OwnedSemaphorePermit>,
+    released: bool,
+    /// `redsem_local_holders` and `redsem_hold_seconds` (feature `metrics`).
+    _hold: crate::metrics::HoldTimer,
+}
+
+impl Held {
+    pub(crate) fn new(
+        handle: Arc<Handle>,
+        id: String,
+        n: u32,
+        grant: Grant,
+        lease: Arc<LeaseState>,
+        local: Option<OwnedSemaphorePermit>,
+    ) -> Held {
+        lease.set_granted(grant.ticket, grant.slots.clone());
+        let _hold = crate::metrics::HoldTimer::new(handle.name());
+        Held {
+            _hold,
+            handle,
+            id,
+            n,
+            grant,
+            lease,
+            _local: local,
+            released: false,
+        }
+    }
+
+    /// The semaphore's name.
+    pub(crate) fn name(&self) -> &str {
+        self.handle.name()
+    }
+
+    /// The holder id in Redis.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How many permits this holds.
+    pub(crate) fn permits(&self) -> u32 {
+        self.n
+    }
+
+    /// Ticket, slots and fencing generations.
+    pub(crate) fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    pub(crate) fn lease(&self) -> &LeaseState {
+        &self.lease
+    }
+
+    /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,
+    /// the release is retried in the background.
+    pub(crate) async fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        self.handle.table.forget_holder(&self.id);
+        let mut conn = self.handle.ctx.conn.clone();
+        let target = self.handle.remote.target();
+        match scripts::release(&mut conn, &target, &[&self.id], false).await {
+            Ok(_) => {
+                tracing::debug!(semaphore = %self.name(), holder = %self.id,
+                    ticket = self.grant.ticket, slots = ?self.grant.slots, "released");
+                Ok(())
+            }
+            Err(e) => {
+                self.handle
+                    .table
+                    .release_in_background(std::mem::take(&mut self.id));
+                Err(Error::from_call(e, self.handle.name()))
+            }
+        }
+    }
+
+    /// Stops renewing and does not release: the entry expires with its lease.
+    pub(crate) fn detach(mut self) {
+        tracing::debug!(semaphore = %self.name(), holder = %self.id,
+            ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
+        self.released = true;
+        self.handle.table.forget_holder(&self.id);
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,
+            ticket = self.grant.ticket, slots = ?self.grant.slots, "released (in the background)");
+        self.handle.table.forget_holder(&self.id);
+        self.handle
+            .table
+            .release_in_background(std::mem::take(&mut self.id));
+    }
+}

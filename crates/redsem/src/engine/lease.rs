@@ -1,0 +1,130 @@
+//! Lease state: the timing settings of a handle ([`Timing`]) and the bookkeeping of one
+//! held lease ([`LeaseState`]), shared by a permit and the heartbeat.
+//!
+//! A lease is trusted until `last confirmed renewal + lease − margin` ([`Timing::deadline`]):
+//! the margin covers the difference between this process's clock and Redis's. Every "could
+//! the lease have ended?" question in the engine is answered here.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::LostReason;
+
+/// Timing settings of a semaphore handle (validated by the builder).
+#[derive(Clone, Debug)]
+pub(crate) struct Timing {
+    pub(crate) lease: Duration,
+    pub(crate) renew_every: Duration,
+    pub(crate) fallback_poll: Duration,
+    /// Safety margin taken off the lease before trusting it (a tenth, at most 1 s).
+    pub(crate) margin: Duration,
+}
+
+impl Timing {
+    /// The settings for `lease`, renewed every `renew_every`, with waiters polled every
+    /// `fallback_poll`.
+    pub(crate) fn new(lease: Duration, renew_every: Duration, fallback_poll: Duration) -> Timing {
+        Timing {
+            lease,
+            renew_every,
+            fallback_poll,
+            margin: (lease / 10).min(Duration::from_secs(1)),
+        }
+    }
+
+    /// The moment a lease last confirmed by a call sent at `confirmed` could have run out in
+    /// Redis: lease − safety margin later.
+    pub(crate) fn deadline(&self, confirmed: Instant) -> Instant {
+        confirmed + self.lease - self.margin
+    }
+
+    /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
+    /// Redis by now.
+    pub(crate) fn may_have_ended(&self, confirmed: Instant) -> bool {
+        self.deadline(confirmed) <= Instant::now()
+    }
+
+    /// How often the waiters are checked: every fallback interval, and at least every renewal
+    /// interval (waiters hold a lease too; a fallback poll longer than the lease would let
+    /// Redis reap them).
+    pub(crate) fn waiter_check(&self) -> Duration {
+        self.fallback_poll.min(self.renew_every)
+    }
+}
+
+/// Lease bookkeeping shared by a permit and the heartbeat.
+pub(crate) struct LeaseState {
+    lost_tx: watch::Sender<Option<LostReason>>,
+    token: CancellationToken,
+    /// Send time of the last call that confirmed the lease (or of the grant's delivery).
+    renewed_at: Mutex<Instant>,
+    /// Ticket and slots of the permit, for the events of the heartbeat.
+    granted: OnceLock<(u64, Vec<u32>)>,
+}
+
+impl LeaseState {
+    pub(crate) fn new(now: Instant) -> LeaseState {
+        LeaseState {
+            lost_tx: watch::Sender::new(None),
+            token: CancellationToken::new(),
+            renewed_at: Mutex::new(now),
+            granted: OnceLock::new(),
+        }
+    }
+
+    /// Ticket and slots of the permit that holds this lease, once known.
+    pub(crate) fn granted(&self) -> Option<&(u64, Vec<u32>)> {
+        self.granted.get()
+    }
+
+    /// Records the ticket and slots of the permit that holds this lease.
+    pub(crate) fn set_granted(&self, ticket: u64, slots: Vec<u32>) {
+        let _ = self.granted.set((ticket, slots));
+    }
+
+    pub(crate) fn renewed(&self, sent: Instant) {
+        let mut r = self.renewed_at.lock().unwrap();
+        if sent > *r {
+            *r = sent;
+        }
+    }
+
+    pub(crate) fn renewed_at(&self) -> Instant {
+        *self.renewed_at.lock().unwrap()
+    }
+
+    /// Marks the lease lost (first reason wins) and cancels the permit's token.
+    pub(crate) fn lose(&self, reason: LostReason) {
+        self.lost_tx.send_if_modified(|v| {
+            if v.is_none() {
+                *v = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost_reason().is_some()
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        *self.lost_tx.borrow()
+    }
+
+    /// Follows the loss of the lease (`None` until it is lost).
+    pub(crate) fn lost_receiver(&self) -> watch::Receiver<Option<LostReason>> {
+        self.lost_tx.subscribe()
+    }
+
+    /// The token cancelled when the lease is lost.
+    pub(crate) fn token(&self) -> &CancellationToken {
+        &self.token
+    }
+}

@@ -1,0 +1,42 @@
+//! The engine: everything between the public handles and the scripts — batching, the
+//! waiter/holder table, the heartbeat, notifications, background releases, synced mode.
+//!
+//! The public types are thin: a `Client` is an `Arc<`[`Context`]`>`, a `Semaphore` an
+//! `Arc<`[`Handle`]`>`, a `Permit` a [`Held`] entry with its fences. The engine never names
+//! them; it hands back what they wrap.
+//!
+//! Files, each importing only those listed before it (and the layers below the engine:
+//! `scripts`, `backend`, `keys`, `error`, `metrics`):
+//!
+//! | file | what |
+//! |---|---|
+//! | `lease.rs` | `Timing` (lease, renewal, margins) and the state of one held lease |
+//! | `remote.rs` | `Remote`: one semaphore in Redis (keys, last limit seen) |
+//! | `notifier.rs` | the subscriber connection; routes messages to a `Listener` per channel |
+//! | `releaser.rs` | the background releaser (what `Drop` may not do) |
+//! | `batch.rs` | the batching task: concurrent acquisitions share one script call |
+//! | `table.rs` | the waiter/holder table of a handle, and how a waiter is resolved |
+//! | `context.rs` | [`Context`]: what the handles of one client share; connecting it |
+//! | `heartbeat.rs` | renewals, fallback polls, lost-permit detection, and their schedule |
+//! | `handle.rs` | [`Handle`]: the per-handle shared state; opening a handle |
+//! | `held.rs` | [`Held`]: one granted entry, released on drop |
+//! | `synced.rs` | synced mode: a grant counts once enough replicas have it |
+//! | `acquire.rs` | the acquire state machine |
+
+mod acquire;
+mod batch;
+mod context;
+mod handle;
+mod heartbeat;
+mod held;
+mod lease;
+mod notifier;
+mod releaser;
+mod remote;
+mod synced;
+mod table;
+
+pub(crate) use context::{ConnectSettings, Context};
+pub(crate) use handle::{Handle, OpenSettings};
+pub(crate) use held::Held;
+pub(crate) use lease::Timing;

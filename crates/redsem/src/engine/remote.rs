@@ -1,0 +1,49 @@
+//! [`Remote`]: one semaphore as background work addresses it in Redis.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::keys::Keys;
+use crate::scripts::Target;
+
+/// One semaphore in Redis as a handle and its background work address it: its keys, the
+/// last limit seen (mutable: updated by resize, stats and rejections; used to re-create the
+/// configuration after a data loss) and how grants are published. Holds no reference back to
+/// the client, so a pending release never keeps a client alive.
+pub(crate) struct Remote {
+    pub(crate) keys: Keys,
+    limit: AtomicU32,
+    publish: &'static str,
+}
+
+impl Remote {
+    pub(crate) fn new(keys: Keys, limit: u32, publish: &'static str) -> Remote {
+        Remote {
+            keys,
+            limit: AtomicU32::new(limit),
+            publish,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// The limit as last seen in Redis.
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Records the limit seen in Redis.
+    pub(crate) fn set_limit(&self, limit: u32) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// What a script call on this semaphore needs.
+    pub(crate) fn target(&self) -> Target<'_> {
+        Target {
+            keys: &self.keys,
+            limit: self.limit(),
+            publish: self.publish,
+        }
+    }
+}

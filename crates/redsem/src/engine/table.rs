@@ -1,0 +1,171 @@
+//! The waiter/holder table of one semaphore handle: who in this process waits for or holds
+//! permits through it, and how a waiter is resolved ([`Table::deliver`]).
+//!
+//! A waiter is resolved exactly once, by whichever comes first: the reply of its own acquire
+//! call, a notification, the heartbeat, or closing the handle. Whatever is resolved after
+//! its acquire was dropped is released in the background, so nothing leaks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::lease::LeaseState;
+use super::releaser::Releaser;
+use super::remote::Remote;
+use crate::scripts::Grant;
+
+/// How a waiter is resolved.
+pub(crate) enum Outcome {
+    /// Granted. Boxed: every waiter's channel has room for one outcome, and few are grants
+    /// at once. The lease of the new holder is in the table's holders.
+    Granted(Box<Grant>),
+    /// The request can never be satisfied (the limit shrank below it).
+    Rejected,
+    /// The ticket vanished from Redis (expired while this process was paused, or data loss).
+    Lost,
+    /// The handle was closed ([`Semaphore::close`](crate::Semaphore::close)).
+    Closed,
+}
+
+/// One pending acquire.
+pub(crate) struct Waiter {
+    tx: oneshot::Sender<Outcome>,
+    /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
+    /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
+    renewed_at: Instant,
+    /// Redis confirmed the ticket (the acquire call returned "queued"). Until then the
+    /// heartbeat leaves it out: a renewal that overtook the acquire would find it missing.
+    queued: bool,
+    /// Counts this waiter in `redsem_local_waiters` while it lives (feature `metrics`).
+    _gauge: crate::metrics::WaiterGauge,
+}
+
+impl Waiter {
+    /// A waiter of the semaphore `name` registered now, resolved through `tx`.
+    pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
+        Waiter {
+            tx,
+            renewed_at: Instant::now(),
+            queued: false,
+            _gauge: crate::metrics::WaiterGauge::new(name),
+        }
+    }
+}
+
+/// The waiters and holders, behind the table's lock.
+#[derive(Default)]
+pub(crate) struct Entries {
+    /// Keyed by the waiter's id, shared with its pending acquire (one allocation).
+    pub(crate) waiters: HashMap<Arc<str>, Waiter>,
+    pub(crate) holders: HashMap<String, Arc<LeaseState>>,
+}
+
+impl Entries {
+    /// The waiters whose ticket Redis confirmed (only those can be renewed).
+    pub(crate) fn waiter_ids(&self) -> Vec<Arc<str>> {
+        self.waiters
+            .iter()
+            .filter(|(_, w)| w.queued)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Records a confirmed renewal of a waiter's lease, sent at `sent`.
+    pub(crate) fn waiter_renewed(&mut self, id: &str, sent: Instant) {
+        if let Some(w) = self.waiters.get_mut(id) {
+            w.renewed_at = w.renewed_at.max(sent);
+        }
+    }
+
+    /// Redis confirmed the ticket of waiter `id`: the heartbeat may renew it from now on.
+    pub(crate) fn waiter_queued(&mut self, id: &str) {
+        if let Some(w) = self.waiters.get_mut(id) {
+            w.queued = true;
+        }
+    }
+
+    pub(crate) fn has_waiters(&self) -> bool {
+        !self.waiters.is_empty()
+    }
+
+    /// Every holder and its lease.
+    pub(crate) fn holders(&self) -> Vec<(String, Arc<LeaseState>)> {
+        self.holders
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect()
+    }
+}
+
+/// The table of one handle, and what resolving an entry needs: the releaser (for what
+/// nobody waits for any more) and the heartbeat's wake-up (its schedule changes).
+pub(crate) struct Table {
+    entries: Mutex<Entries>,
+    remote: Arc<Remote>,
+    releaser: Releaser,
+    /// Wakes the heartbeat to recompute its schedule.
+    pub(crate) poke: Arc<Notify>,
+}
+
+impl Table {
+    pub(crate) fn new(remote: Arc<Remote>, releaser: Releaser) -> Table {
+        Table {
+            entries: Mutex::new(Entries::default()),
+            remote,
+            releaser,
+            poke: Arc::new(Notify::new()),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap()
+    }
+
+    /// Removes `id` from Redis in the background (idempotent).
+    pub(crate) fn release_in_background(&self, id: String) {
+        self.releaser.release(&self.remote, id);
+    }
+
+    /// A permit's holder is done with it (released, dropped or lost).
+    pub(crate) fn forget_holder(&self, id: &str) {
+        self.lock().holders.remove(id);
+    }
+
+    /// Resolves the pending acquire `id`, if it is still pending. The first resolution wins;
+    /// a grant nobody waits for any more is released.
+    pub(crate) fn deliver(&self, id: &str, what: Outcome) {
+        let mut st = self.lock();
+        let Some(waiter) = st.waiters.remove(id) else {
+            let orphan_grant = matches!(what, Outcome::Granted(_)) && !st.holders.contains_key(id);
+            drop(st);
+            if orphan_grant {
+                self.release_in_background(id.to_owned());
+            }
+            return;
+        };
+        if let Outcome::Granted(_) = what {
+            let lease = Arc::new(LeaseState::new(waiter.renewed_at));
+            st.holders.insert(id.to_owned(), lease);
+        }
+        if let Err(Outcome::Granted(_)) = waiter.tx.send(what) {
+            st.holders.remove(id);
+            drop(st);
+            self.release_in_background(id.to_owned());
+            return;
+        }
+        drop(st);
+        // the heartbeat's schedule changed (a new holder to renew, one waiter fewer)
+        self.poke.notify_one();
+    }
+
+    /// Resolves every waiter with [`Outcome::Closed`].
+    pub(crate) fn close_waiters(&self) {
+        let waiters = std::mem::take(&mut self.lock().waiters);
+        for (_, w) in waiters {
+            let _ = w.tx.send(Outcome::Closed);
+        }
+        self.poke.notify_one();
+    }
+}

@@ -1,0 +1,278 @@
+//! Reply parsing: the only code that reads what the scripts return and what they publish.
+//!
+//! Each `.lua` file documents its reply; `prelude.lua` documents the notification payload
+//! and `stats.lua` the JSON records of holders and waiters.
+
+use redis::Value;
+use serde::Deserialize;
+
+use crate::error::{CallError, CallResult};
+
+/// A granted entry's ticket, slots and their fencing generations (same order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) ticket: u64,
+    pub(crate) slots: Vec<u32>,
+    pub(crate) fences: Vec<u64>,
+}
+
+/// Reply of `acquire.lua`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// Boxed: the reply travels through a channel per request, sized for the largest variant.
+    Granted(Box<Grant>),
+    Queued {
+        ticket: u64,
+        next_expiry_ms: Option<u64>,
+    },
+    NoCapacity,
+    TooMany {
+        limit: u32,
+    },
+}
+
+/// Parses the reply of `acquire.lua` for a batch of `requests` requests.
+pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<Vec<AcquireReply>> {
+    let replies = array(v)?
+        .iter()
+        .map(|r| {
+            let items = array(r)?;
+            Ok(match int(items.first())? {
+                1 => AcquireReply::Granted(Box::new(grant(items)?)),
+                0 => AcquireReply::Queued {
+                    ticket: int(items.get(1))? as u64,
+                    next_expiry_ms: expiry(int(items.get(2))?),
+                },
+                -1 => AcquireReply::NoCapacity,
+                -2 => AcquireReply::TooMany {
+                    limit: int(items.get(1))? as u32,
+                },
+                _ => return Err(unexpected(r)),
+            })
+        })
+        .collect::<CallResult<Vec<_>>>()?;
+    if replies.len() != requests {
+        return Err(unexpected(v));
+    }
+    Ok(replies)
+}
+
+/// One entry's state in a renewal reply.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum EntryState {
+    Held(Grant),
+    Waiting,
+    Gone,
+}
+
+pub(super) fn renew(v: &Value, ids: usize) -> CallResult<(Option<u64>, Vec<EntryState>)> {
+    let items = array(v)?;
+    let next = expiry(int(items.first())?);
+    let states = array(items.get(1).ok_or_else(|| unexpected(v))?)?
+        .iter()
+        .map(|s| {
+            let s = array(s)?;
+            Ok(match int(s.first())? {
+                1 => EntryState::Held(grant(s)?),
+                0 => EntryState::Waiting,
+                _ => EntryState::Gone,
+            })
+        })
+        .collect::<CallResult<Vec<_>>>()?;
+    if states.len() != ids {
+        return Err(unexpected(v));
+    }
+    Ok((next, states))
+}
+
+/// A snapshot from `stats.lua`, its records decoded.
+pub(crate) struct StatsReply {
+    /// Redis `TIME` of the snapshot, in ms.
+    pub(crate) now_ms: u64,
+    pub(crate) limit: u32,
+    pub(crate) in_use: u32,
+    /// Grants since creation.
+    pub(crate) grants: u64,
+    /// Entries reaped on expiry since creation.
+    pub(crate) expired: u64,
+    pub(crate) holders: Vec<Entry>,
+    /// In queue order.
+    pub(crate) waiters: Vec<Entry>,
+}
+
+/// One holder or waiter as stored in the `meta` hash (times in ms, Redis `TIME`).
+#[derive(Deserialize)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    #[serde(rename = "n")]
+    pub(crate) permits: u32,
+    #[serde(rename = "lb", default)]
+    pub(crate) label: String,
+    #[serde(rename = "t", default)]
+    pub(crate) ticket: f64,
+    /// When it joined the queue.
+    #[serde(rename = "q", default)]
+    pub(crate) queued_at: f64,
+    /// When it was granted (holders).
+    #[serde(rename = "a", default)]
+    pub(crate) granted_at: Option<f64>,
+    #[serde(rename = "s", default)]
+    pub(crate) slots: Option<Vec<f64>>,
+    /// The fencing generation of each slot (holders).
+    #[serde(rename = "f", default)]
+    pub(crate) fences: Option<Vec<f64>>,
+    /// When its lease expires unless renewed.
+    #[serde(rename = "e", default)]
+    pub(crate) expires_at: Option<f64>,
+}
+
+/// Parses the reply of `stats.lua` (the same with the guard of the operator functions).
+pub(super) fn stats(v: &Value) -> CallResult<StatsReply> {
+    let items = array(v)?;
+    let entries = |json: String| -> CallResult<Vec<Entry>> {
+        serde_json::from_str(&json).map_err(|e| {
+            CallError::Unreadable(format!(
+                "unreadable entry in Redis ({e}); is another protocol version using these keys?"
+            ))
+        })
+    };
+    Ok(StatsReply {
+        now_ms: int(items.first())? as u64,
+        limit: int(items.get(1))? as u32,
+        in_use: int(items.get(2))? as u32,
+        grants: int(items.get(3))? as u64,
+        expired: int(items.get(4))? as u64,
+        holders: entries(string(items.get(5))?)?,
+        waiters: entries(string(items.get(6))?)?,
+    })
+}
+
+/// Parses a reply that is one integer.
+pub(super) fn integer(v: &Value) -> CallResult<i64> {
+    int(Some(v))
+}
+
+/// Parses the reply of `open.lua`: (stored limit, created).
+pub(super) fn open(v: &Value) -> CallResult<(u32, bool)> {
+    let items = array(v)?;
+    Ok((int(items.first())? as u32, int(items.get(1))? == 1))
+}
+
+fn expiry(ms: i64) -> Option<u64> {
+    (ms >= 0).then_some(ms as u64)
+}
+
+fn grant(items: &[Value]) -> CallResult<Grant> {
+    let ints = |v: Option<&Value>| -> CallResult<Vec<i64>> {
+        array(v.ok_or_else(|| unexpected(&Value::Nil))?)?
+            .iter()
+            .map(|x| int(Some(x)))
+            .collect()
+    };
+    Ok(Grant {
+        ticket: int(items.get(3))? as u64,
+        slots: ints(items.get(1))?.into_iter().map(|s| s as u32).collect(),
+        fences: ints(items.get(2))?.into_iter().map(|f| f as u64).collect(),
+    })
+}
+
+fn array(v: &Value) -> CallResult<&[Value]> {
+    match v {
+        Value::Array(items) => Ok(items),
+        // Lua's empty table comes back as an empty array, or as nil in some versions
+        Value::Nil => Ok(&[]),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn int(v: Option<&Value>) -> CallResult<i64> {
+    match v {
+        Some(Value::Int(i)) => Ok(*i),
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected(&Value::BulkString(b.clone()))),
+        other => Err(unexpected(other.unwrap_or(&Value::Nil))),
+    }
+}
+
+fn string(v: Option<&Value>) -> CallResult<String> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Some(Value::SimpleString(s)) => Ok(s.clone()),
+        other => Err(unexpected(other.unwrap_or(&Value::Nil))),
+    }
+}
+
+pub(super) fn unexpected(v: &Value) -> CallError {
+    CallError::Redis(redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply from a redsem script (is another redsem protocol version using these keys?)",
+        format!("{v:?}"),
+    )))
+}
+
+/// A message published on a handle's channel: grants and rejections for its waiters.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Notice {
+    Granted { id: String, grant: Grant },
+    Rejected { id: String },
+}
+
+/// Parses `g:<id>:<ticket>:<slots>:<fences>;x:<id>;...` (see `publish` in prelude.lua).
+pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
+    fn nums<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
+        if s.is_empty() {
+            return Some(Vec::new());
+        }
+        s.split(',').map(|x| x.parse().ok()).collect()
+    }
+    payload
+        .split(';')
+        .filter_map(|rec| {
+            let mut parts = rec.split(':');
+            match (parts.next()?, parts.next()?) {
+                ("g", id) => {
+                    let ticket = parts.next()?.parse().ok()?;
+                    let slots = nums(parts.next()?)?;
+                    let fences = nums(parts.next()?)?;
+                    Some(Notice::Granted {
+                        id: id.to_owned(),
+                        grant: Grant {
+                            ticket,
+                            slots,
+                            fences,
+                        },
+                    })
+                }
+                ("x", id) => Some(Notice::Rejected { id: id.to_owned() }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_parse() {
+        let n = parse_notices("g:ab:42:0,3:7,1;x:cd");
+        assert_eq!(
+            n,
+            vec![
+                Notice::Granted {
+                    id: "ab".into(),
+                    grant: Grant {
+                        ticket: 42,
+                        slots: vec![0, 3],
+                        fences: vec![7, 1]
+                    }
+                },
+                Notice::Rejected { id: "cd".into() }
+            ]
+        );
+        assert!(parse_notices("garbage").is_empty());
+    }
+}
