@@ -41,6 +41,9 @@ pub struct WorkerSpec {
     pub start_at_ms: u64,
     /// Print `acquired` events.
     pub announce: bool,
+    /// Semaphores the process opens (`--semaphores`, not in the contract; 1 = the contract's
+    /// one semaphore named `name`).
+    pub semaphores: u32,
 }
 
 /// What one worker process printed.
@@ -227,6 +230,11 @@ impl Harness {
             .arg(spec.start_at_ms.to_string());
         if spec.announce {
             cmd.arg("--announce");
+        }
+        if spec.semaphores > 1 {
+            cmd.arg("--semaphores")
+                .arg(spec.semaphores.to_string())
+                .env("SEM_SEMAPHORES", spec.semaphores.to_string());
         }
         cmd.env("SEM_REDIS_URL", &self.redis_url)
             .env("SEM_NAME", &spec.name)

@@ -136,7 +136,7 @@ async fn body(
     let t0 = Instant::now();
     let load0 = loadavg();
     let version = h.snapshot().await?.redis_version;
-    let total = (scenarios.len() * designs.len()) as u64 * u64::from(a.reps);
+    let total = scenarios::run_count(a, scenarios, designs);
     let progress = Progress::new(total);
     let results = scenarios::run_all(&h, a, scenarios, designs, &progress).await;
     progress.finish();

@@ -1,6 +1,7 @@
 //! The `redsem` library (crates/redsem) as a design, used exactly as its documentation shows:
 //! one [`redsem::Client`] per process (two connections: commands and RESP3 pushes), one
-//! semaphore handle opened with the contract's limit and lease, every other setting at the
+//! semaphore handle (one per semaphore with the worker's `--semaphores`) opened with the
+//! contract's limit and lease, every other setting at the
 //! library's defaults (renewal every lease/3, 1 s fallback poll). The worker releases with
 //! [`redsem::Permit::release`]`.await`, so `done_ns` is after the release round trip.
 
@@ -30,13 +31,32 @@ impl RedsemSemaphore {
     /// Connects the client and opens the semaphore (SUBSCRIBE + one script).
     pub async fn open(p: &Params) -> anyhow::Result<Self> {
         let client = redsem::Client::connect(&p.redis_url).await?;
+        Self::open_with(&client, p).await
+    }
+
+    /// Opens one semaphore per name through one client, as a process that uses many
+    /// semaphores would.
+    pub async fn open_many(p: &Params, names: &[String]) -> anyhow::Result<Vec<Self>> {
+        let client = redsem::Client::connect(&p.redis_url).await?;
+        let mut sems = Vec::with_capacity(names.len());
+        for name in names {
+            let p = Params {
+                name: name.clone(),
+                ..p.clone()
+            };
+            sems.push(Self::open_with(&client, &p).await?);
+        }
+        Ok(sems)
+    }
+
+    async fn open_with(client: &redsem::Client, p: &Params) -> anyhow::Result<Self> {
         let sem = client
             .semaphore(p.name.as_str(), p.limit)
             .lease(Duration::from_millis(p.lease_ms))
             .open()
             .await?;
         Ok(RedsemSemaphore {
-            _client: client,
+            _client: client.clone(),
             sem,
         })
     }

@@ -23,6 +23,7 @@ pub(super) fn params(a: &RunArgs) -> ScenarioParams {
         hold_ms: 3_600_000.0,
         lease_ms: a.crash_lease_ms,
         run_timeout_s: a.give_up_s,
+        ..ScenarioParams::default()
     }
 }
 
@@ -78,6 +79,7 @@ pub async fn run_once(
         lease_ms: p.lease_ms,
         start_at_ms: 0,
         announce: true,
+        semaphores: 1,
     };
     let mut holders = Vec::new();
     for i in 0..p.limit as usize {

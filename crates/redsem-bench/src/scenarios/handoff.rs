@@ -17,6 +17,7 @@ pub(super) fn params(n: impl Fn(f64, u64) -> u64) -> ScenarioParams {
         hold_ms: 10.0,
         lease_ms: 5000,
         run_timeout_s: 30.0,
+        ..ScenarioParams::default()
     }
 }
 

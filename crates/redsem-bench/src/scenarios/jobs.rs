@@ -32,6 +32,7 @@ pub async fn run_once(
         lease_ms: p.lease_ms,
         start_at_ms,
         announce: false,
+        semaphores: 1,
     };
     let specs = vec![spec; p.procs as usize];
     let (outs, timed_out) = h

@@ -25,6 +25,7 @@ pub(super) fn params(n: impl Fn(f64, u64) -> u64) -> ScenarioParams {
         hold_ms: 0.0,
         lease_ms: 60_000,
         run_timeout_s: 30.0,
+        ..ScenarioParams::default()
     }
 }
 
@@ -72,6 +73,7 @@ pub async fn run_once(
         lease_ms: p.lease_ms,
         start_at_ms: 0,
         announce: true,
+        semaphores: 1,
     };
     let mut holder = h.spawn(&holder_spec, 0)?;
     if holder

@@ -20,7 +20,9 @@
 pub mod base;
 pub mod crash;
 pub mod handoff;
+pub mod idle;
 pub mod jobs;
+pub mod many;
 pub mod memory;
 pub mod scale;
 pub mod throughput;
@@ -40,7 +42,8 @@ use crate::worker::now_ns;
 /// Options of the `run` sub-command (the default).
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
-    /// Comma list of scenarios: base,crash,scale,throughput,handoff,memory (default: all).
+    /// Comma list of scenarios: base,crash,scale,throughput,handoff,memory (default and `all`:
+    /// these six), idle,many (slow: only when named).
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Comma list of designs: counter,zset-poll,fifo-poll,fifo-notify,redsem (default: all).
@@ -80,6 +83,13 @@ pub struct RunArgs {
     /// Memory scenario: how long the waiters settle before peak RSS is read, ms.
     #[arg(long, default_value_t = 2000)]
     pub memory_settle_ms: u64,
+    /// Idle and many scenarios: how long Redis is watched once every waiter is queued, s.
+    #[arg(long, default_value_t = 10.0)]
+    pub idle_window_s: f64,
+    /// Idle and many scenarios: give up when the waiters are not all queued after this many
+    /// seconds (the row then says how many were).
+    #[arg(long, default_value_t = 120.0)]
+    pub idle_queue_timeout_s: f64,
 }
 
 /// The scenarios, in run order.
@@ -98,10 +108,14 @@ pub enum ScenarioKind {
     Handoff,
     /// Memory and connections per waiting task.
     Memory,
+    /// Redis CPU while waiters idle behind one holder (not in the default set).
+    Idle,
+    /// One process holding and waiting on many semaphores (not in the default set).
+    Many,
 }
 
 impl ScenarioKind {
-    /// All, in run order.
+    /// The default set (also `--scenarios all`), in run order.
     pub const ALL: [ScenarioKind; 6] = [
         ScenarioKind::Base,
         ScenarioKind::Crash,
@@ -109,6 +123,19 @@ impl ScenarioKind {
         ScenarioKind::Throughput,
         ScenarioKind::Handoff,
         ScenarioKind::Memory,
+    ];
+
+    /// Every scenario: the default set, then those that run only when named (they take
+    /// minutes).
+    pub const EVERY: [ScenarioKind; 8] = [
+        ScenarioKind::Base,
+        ScenarioKind::Crash,
+        ScenarioKind::Scale,
+        ScenarioKind::Throughput,
+        ScenarioKind::Handoff,
+        ScenarioKind::Memory,
+        ScenarioKind::Idle,
+        ScenarioKind::Many,
     ];
 
     /// Command-line name.
@@ -120,17 +147,19 @@ impl ScenarioKind {
             ScenarioKind::Throughput => "throughput",
             ScenarioKind::Handoff => "handoff",
             ScenarioKind::Memory => "memory",
+            ScenarioKind::Idle => "idle",
+            ScenarioKind::Many => "many",
         }
     }
 
     /// Parses a command-line name.
     pub fn parse(s: &str) -> Option<ScenarioKind> {
-        ScenarioKind::ALL.into_iter().find(|k| k.name() == s.trim())
+        ScenarioKind::EVERY.into_iter().find(|k| k.name() == s.trim())
     }
 }
 
 /// Workload of one scenario (for the crash and memory scenarios only the relevant fields).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScenarioParams {
     /// Worker processes.
     pub procs: u32,
@@ -146,19 +175,28 @@ pub struct ScenarioParams {
     pub lease_ms: u64,
     /// Run timeout, s (a run that hits it is killed, reported, not repeated).
     pub run_timeout_s: f64,
+    /// Idle and many: how long Redis is watched once everyone is queued, s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+    /// Many: semaphores the process opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub semaphores: Option<u32>,
 }
 
 impl ScenarioParams {
-    /// The workload of `kind` with job counts multiplied by `scale`.
-    pub fn of(kind: ScenarioKind, scale: f64, a: &RunArgs) -> ScenarioParams {
+    /// The workloads of `kind` (`idle` has one per waiter count, every other scenario one)
+    /// with job counts multiplied by `scale`.
+    pub fn variants(kind: ScenarioKind, scale: f64, a: &RunArgs) -> Vec<ScenarioParams> {
         let n = |base: f64, min: u64| ((base * scale).round() as u64).max(min);
         match kind {
-            ScenarioKind::Base => base::params(n),
-            ScenarioKind::Crash => crash::params(a),
-            ScenarioKind::Scale => scale::params(n),
-            ScenarioKind::Throughput => throughput::params(n),
-            ScenarioKind::Handoff => handoff::params(n),
-            ScenarioKind::Memory => memory::params(n),
+            ScenarioKind::Base => vec![base::params(n)],
+            ScenarioKind::Crash => vec![crash::params(a)],
+            ScenarioKind::Scale => vec![scale::params(n)],
+            ScenarioKind::Throughput => vec![throughput::params(n)],
+            ScenarioKind::Handoff => vec![handoff::params(n)],
+            ScenarioKind::Memory => vec![memory::params(n)],
+            ScenarioKind::Idle => idle::variants(scale, a),
+            ScenarioKind::Many => vec![many::params(n, a)],
         }
     }
 
@@ -167,6 +205,8 @@ impl ScenarioParams {
         match kind {
             ScenarioKind::Crash => crash::describe(self),
             ScenarioKind::Memory => memory::describe(self),
+            ScenarioKind::Idle => idle::describe(self),
+            ScenarioKind::Many => many::describe(self),
             _ => format!(
                 "{} process(es) x {} tasks, limit {}, {} jobs ({} per process) x {} ms hold, lease {} s{}",
                 self.procs,
@@ -318,7 +358,7 @@ pub fn selection(a: &RunArgs) -> anyhow::Result<(Vec<ScenarioKind>, Vec<DesignKi
             continue;
         }
         sc.push(ScenarioKind::parse(s).with_context(|| {
-            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory)")
+            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory,idle,many)")
         })?);
     }
     if sc.is_empty() {
@@ -356,7 +396,22 @@ fn skip_reason(kind: ScenarioKind, design: DesignKind) -> Option<String> {
                 .into(),
         );
     }
+    if matches!(kind, ScenarioKind::Idle | ScenarioKind::Many) && design != DesignKind::Redsem {
+        return Some(
+            "skipped: every waiter of the reference's designs polls Redis itself (every 20 ms, or 250 ms with notify), so idle waiters would measure a saturated Redis"
+                .into(),
+        );
+    }
     None
+}
+
+/// How many runs [`run_all`] makes (for the progress bar).
+pub fn run_count(a: &RunArgs, scenarios: &[ScenarioKind], designs: &[DesignKind]) -> u64 {
+    let variants: usize = scenarios
+        .iter()
+        .map(|&k| ScenarioParams::variants(k, a.jobs_scale, a).len())
+        .sum();
+    (variants * designs.len()) as u64 * u64::from(a.reps)
 }
 
 /// Runs every selected scenario for every selected design.
@@ -369,61 +424,81 @@ pub async fn run_all(
 ) -> anyhow::Result<Vec<ScenarioResult>> {
     let mut results = Vec::new();
     for &kind in scenarios {
-        let params = ScenarioParams::of(kind, a.jobs_scale, a);
-        progress.println(format!("== {}: {}", kind.name(), params.describe(kind)));
+        let variants = ScenarioParams::variants(kind, a.jobs_scale, a);
+        progress.println(format!("== {}: {}", kind.name(), variants[0].describe(kind)));
         for &design in designs {
-            let mut reps = Vec::new();
             let skipped = skip_reason(kind, design);
             if let Some(why) = &skipped {
+                // one row says why, whatever the number of variants
                 progress.println(format!("  [{}] {design}: {why}", kind.name()));
-                progress.inc(u64::from(a.reps));
-            } else {
-                for rep in 0..a.reps {
-                    progress.set_message(format!("{} {design} rep {rep}", kind.name()));
-                    let r = match kind {
-                        ScenarioKind::Crash => crash::run_once(h, a, design, &params, rep).await?,
-                        ScenarioKind::Memory => {
-                            memory::run_once(h, a, design, &params, rep).await?
-                        }
-                        _ => jobs::run_once(h, a, kind, design, &params, rep).await?,
-                    };
-                    progress.println(format!(
-                        "  [{}] {design} rep{rep}: {}",
-                        kind.name(),
-                        one_line(kind, &r)
-                    ));
-                    progress.inc(1);
-                    let stop = match kind {
-                        ScenarioKind::Crash => r.figures.get("recovered") == Some(&0.0),
-                        _ => r.timed_out,
-                    };
-                    reps.push(r);
-                    if stop && rep + 1 < a.reps {
-                        progress.println(format!(
-                            "  [{}] {design}: {}, not repeated",
-                            kind.name(),
-                            if kind == ScenarioKind::Crash {
-                                "never recovered"
-                            } else {
-                                "timed out"
-                            }
-                        ));
-                        progress.inc(u64::from(a.reps - rep - 1));
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                progress.inc(u64::from(a.reps) * variants.len() as u64);
+                let params = variants[0].clone();
+                results.push(summarise(kind, design, params, skipped, Vec::new()));
+                continue;
             }
-            results.push(summarise(kind, design, params.clone(), skipped, reps));
+            for params in &variants {
+                let reps = run_reps(h, a, kind, design, params, progress).await?;
+                results.push(summarise(kind, design, params.clone(), None, reps));
+            }
         }
     }
     Ok(results)
+}
+
+/// The `--reps` repetitions of one design in one scenario variant (fewer when one times out
+/// or, in `crash`, never recovers).
+async fn run_reps(
+    h: &Harness,
+    a: &RunArgs,
+    kind: ScenarioKind,
+    design: DesignKind,
+    params: &ScenarioParams,
+    progress: &Progress,
+) -> anyhow::Result<Vec<RepResult>> {
+    let mut reps = Vec::new();
+    for rep in 0..a.reps {
+        progress.set_message(format!("{} {design} rep {rep}", kind.name()));
+        let r = match kind {
+            ScenarioKind::Crash => crash::run_once(h, a, design, params, rep).await?,
+            ScenarioKind::Memory => memory::run_once(h, a, design, params, rep).await?,
+            ScenarioKind::Idle => idle::run_once(h, design, params, rep).await?,
+            ScenarioKind::Many => many::run_once(h, design, params, rep).await?,
+            _ => jobs::run_once(h, a, kind, design, params, rep).await?,
+        };
+        progress.println(format!(
+            "  [{}] {design} rep{rep}: {}",
+            kind.name(),
+            one_line(kind, &r)
+        ));
+        progress.inc(1);
+        let stop = match kind {
+            ScenarioKind::Crash => r.figures.get("recovered") == Some(&0.0),
+            _ => r.timed_out,
+        };
+        reps.push(r);
+        if stop && rep + 1 < a.reps {
+            progress.println(format!(
+                "  [{}] {design}: {}, not repeated",
+                kind.name(),
+                if kind == ScenarioKind::Crash {
+                    "never recovered"
+                } else {
+                    "timed out"
+                }
+            ));
+            progress.inc(u64::from(a.reps - rep - 1));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(reps)
 }
 
 fn one_line(kind: ScenarioKind, r: &RepResult) -> String {
     let mut s = match kind {
         ScenarioKind::Crash => crash::one_line(r),
         ScenarioKind::Memory => memory::one_line(r),
+        ScenarioKind::Idle | ScenarioKind::Many => idle::one_line(r),
         _ => jobs::one_line(r),
     };
     if r.timed_out {

@@ -15,5 +15,6 @@ pub(super) fn params(n: impl Fn(f64, u64) -> u64) -> ScenarioParams {
         hold_ms: 20.0,
         lease_ms: 5000,
         run_timeout_s: 20.0,
+        ..ScenarioParams::default()
     }
 }

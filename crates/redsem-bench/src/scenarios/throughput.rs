@@ -13,5 +13,6 @@ pub(super) fn params(n: impl Fn(f64, u64) -> u64) -> ScenarioParams {
         hold_ms: 0.0,
         lease_ms: 5000,
         run_timeout_s: 30.0,
+        ..ScenarioParams::default()
     }
 }
