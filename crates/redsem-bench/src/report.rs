@@ -330,11 +330,7 @@ fn idle_table(out: &mut String, kind: ScenarioKind, rows: &[&ScenarioResult]) {
     } else {
         ["waiters", "queued"]
     });
-    cols.extend([
-        "time to queue s",
-        "Redis CPU % of a core",
-        "script calls/s",
-    ]);
+    cols.extend(["time to queue s", "Redis CPU % of a core", "script calls/s"]);
     cols.push(if many {
         "script calls/s per semaphore"
     } else {
@@ -401,7 +397,7 @@ address is one of the waiting process's sockets. *idle*, *many*: figures over th
 once everyone is queued (nothing is acquired or released in it); *Redis CPU %*:
 used_cpu_user+sys delta / window; *script calls/s*: EVALSHA, EVAL, ... per second of the window,
 i.e. the heartbeats' renewals and checks; *worker processes' CPU*: utime+stime of the holder and
-waiter processes (/proc/<pid>/stat) / window; *time to queue*: spawn of the waiter processes to
+waiter processes (/proc/<pid>/stat, 10 ms resolution per process) / window; *time to queue*: spawn of the waiter processes to
 the `inspect` that saw every waiter queued.
 ";
 

@@ -2,7 +2,8 @@
 //! jobs, against the private redis-server the binary starts itself (REDIS_URL removed).
 //! Asserts correctness only (every job done, never more holders than the limit, leased
 //! designs recover from SIGKILLed holders and the counter does not, the memory figures
-//! exist), never timings.
+//! exist, the idle waiters are all queued and nobody is granted while they idle), never
+//! timings.
 
 use std::process::Command;
 
@@ -12,6 +13,100 @@ fn f(v: &Value, key: &str) -> f64 {
     v["figures"][key]
         .as_f64()
         .unwrap_or_else(|| panic!("figure {key} missing in {v}"))
+}
+
+/// Runs the benchmark binary with `args` (plus a JSON file, REDIS_URL removed); returns its
+/// stdout and the JSON report.
+fn bench(args: &[&str]) -> (String, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_redsem-bench"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("running redsem-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "redsem-bench failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    eprintln!(
+        "{args:?} took {:.1} s\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, report)
+}
+
+#[test]
+fn idle_and_many_run_at_a_tiny_size() {
+    let (stdout, report) = bench(&[
+        "run",
+        "--scenarios",
+        "idle,many",
+        "--designs",
+        "counter,redsem",
+        "--reps",
+        "1",
+        "--jobs-scale",
+        "0.002",
+        "--idle-window-s",
+        "1",
+        "--idle-queue-timeout-s",
+        "60",
+        "--no-svg",
+    ]);
+    for s in ["idle", "many"] {
+        assert!(
+            stdout.contains(&format!("## Scenario `{s}`")),
+            "no {s} table"
+        );
+    }
+    let results = report["results"].as_array().unwrap();
+    let count = |scenario: &str, design: &str| {
+        results
+            .iter()
+            .filter(|r| r["scenario"] == scenario && r["design"] == design)
+            .count()
+    };
+    // one row per number of waiters; the baselines skipped with one row
+    assert_eq!(count("idle", "redsem"), 3);
+    assert_eq!(count("idle", "counter"), 1);
+    assert_eq!(count("many", "redsem"), 1);
+    assert_eq!(count("many", "counter"), 1);
+    let mut waiters = Vec::new();
+    for r in results {
+        let what = format!("{}/{}", r["scenario"], r["design"]);
+        if r["design"] == "counter" {
+            assert!(r["skipped"].is_string(), "{what}");
+            continue;
+        }
+        let reps = r["reps"].as_array().unwrap();
+        assert_eq!(reps.len(), 1, "{what}");
+        let rep = &reps[0];
+        assert_eq!(rep["complete"], true, "{what}: {rep}");
+        assert_eq!(f(rep, "grants_after_queued"), 0.0, "{what}: {rep}");
+        // every waiter was queued; Redis was watched and saw the heartbeats
+        let expected = if r["scenario"] == "idle" {
+            let p = &r["params"];
+            p["procs"].as_f64().unwrap() * p["jobs_per_proc"].as_f64().unwrap()
+        } else {
+            r["params"]["semaphores"].as_f64().unwrap()
+        };
+        assert_eq!(f(rep, "queued"), expected, "{what}: {rep}");
+        assert!(f(rep, "script_calls_per_s") > 0.0, "{what}: {rep}");
+        assert!(f(rep, "redis_cpu_pct") >= 0.0, "{what}: {rep}");
+        assert!(f(rep, "window_s") >= 1.0, "{what}: {rep}");
+        if r["scenario"] == "idle" {
+            waiters.push(expected);
+        }
+    }
+    assert!(waiters.windows(2).all(|w| w[0] < w[1]), "{waiters:?}");
 }
 
 #[test]

@@ -212,16 +212,15 @@ pub(super) async fn wait_queued(
         error: None,
         ended: false,
     };
-    let client = match tokio::time::timeout_at(deadline, redsem::Client::connect(&h.redis_url))
-        .await
-    {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            q.error = Some(e.to_string());
-            return q;
-        }
-        Err(_) => return q,
-    };
+    let client =
+        match tokio::time::timeout_at(deadline, redsem::Client::connect(&h.redis_url)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                q.error = Some(e.to_string());
+                return q;
+            }
+            Err(_) => return q,
+        };
     loop {
         let asked = Instant::now();
         let mut count = 0u64;
@@ -271,7 +270,11 @@ pub(super) struct Watch {
 
 /// Watches Redis and `procs` for `window_s` seconds; nothing else talks to Redis meanwhile
 /// (besides the two `INFO`s, which are not counted as work).
-pub(super) async fn watch(h: &Harness, procs: &[WorkerProc], window_s: f64) -> anyhow::Result<Watch> {
+pub(super) async fn watch(
+    h: &Harness,
+    procs: &[WorkerProc],
+    window_s: f64,
+) -> anyhow::Result<Watch> {
     let cpu = || -> Option<f64> { procs.iter().map(|p| metrics::proc_cpu_s(p.pid)).sum() };
     let before = h.snapshot().await?;
     let cpu0 = cpu();

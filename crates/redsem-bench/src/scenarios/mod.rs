@@ -154,7 +154,9 @@ impl ScenarioKind {
 
     /// Parses a command-line name.
     pub fn parse(s: &str) -> Option<ScenarioKind> {
-        ScenarioKind::EVERY.into_iter().find(|k| k.name() == s.trim())
+        ScenarioKind::EVERY
+            .into_iter()
+            .find(|k| k.name() == s.trim())
     }
 }
 
@@ -425,7 +427,11 @@ pub async fn run_all(
     let mut results = Vec::new();
     for &kind in scenarios {
         let variants = ScenarioParams::variants(kind, a.jobs_scale, a);
-        progress.println(format!("== {}: {}", kind.name(), variants[0].describe(kind)));
+        progress.println(format!(
+            "== {}: {}",
+            kind.name(),
+            variants[0].describe(kind)
+        ));
         for &design in designs {
             let skipped = skip_reason(kind, design);
             if let Some(why) = &skipped {
@@ -572,5 +578,62 @@ fn worker_problems(outs: &[WorkerOutput], notes: &mut BTreeMap<String, String>) 
                 format!("process {i} exited with {:?}: {tail}", o.status),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(extra: &[&str]) -> RunArgs {
+        Cli::try_parse_from(std::iter::once("redsem-bench").chain(extra.iter().copied()))
+            .unwrap()
+            .run
+    }
+
+    #[test]
+    fn idle_and_many_run_only_when_named() {
+        let default = selection(&args(&[])).unwrap().0;
+        assert_eq!(default, ScenarioKind::ALL);
+        let all = selection(&args(&["--scenarios", "all"])).unwrap().0;
+        assert_eq!(all, ScenarioKind::ALL);
+        let named = selection(&args(&["--scenarios", "many,idle,base"]))
+            .unwrap()
+            .0;
+        assert_eq!(
+            named,
+            [ScenarioKind::Base, ScenarioKind::Idle, ScenarioKind::Many]
+        );
+        assert!(selection(&args(&["--scenarios", "nope"])).is_err());
+    }
+
+    #[test]
+    fn idle_has_one_variant_per_waiter_count_and_the_others_one() {
+        let a = args(&[]);
+        let idle = ScenarioParams::variants(ScenarioKind::Idle, 1.0, &a);
+        let waiters: Vec<u64> = idle
+            .iter()
+            .map(|p| u64::from(p.procs) * p.jobs_per_proc)
+            .collect();
+        assert_eq!(waiters, [1_000, 10_000, 100_000]);
+        let many = ScenarioParams::variants(ScenarioKind::Many, 1.0, &a);
+        assert_eq!(many.len(), 1);
+        assert_eq!(many[0].semaphores, Some(1000));
+        assert_eq!(many[0].workers, 2000);
+        for kind in ScenarioKind::ALL {
+            assert_eq!(ScenarioParams::variants(kind, 1.0, &a).len(), 1, "{kind:?}");
+        }
+        let designs = [DesignKind::Redsem];
+        let a = args(&["--reps", "2", "--scenarios", "idle,base"]);
+        let kinds = selection(&a).unwrap().0;
+        assert_eq!(run_count(&a, &kinds, &designs), 2 * (1 + 3));
     }
 }
