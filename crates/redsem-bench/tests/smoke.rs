@@ -112,40 +112,28 @@ fn idle_and_many_run_at_a_tiny_size() {
 #[test]
 fn every_design_and_scenario_runs_correctly() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("out.json");
     let svg = dir.path().join("svg");
-    let started = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_redsem-bench"))
-        .args([
-            "run",
-            "--scenarios",
-            "all",
-            "--designs",
-            "all",
-            "--reps",
-            "1",
-        ])
-        .args(["--jobs-scale", "0.05", "--start-margin-ms", "300"])
-        .args(["--crash-lease-ms", "1000", "--give-up-s", "3"])
-        .args(["--memory-settle-ms", "500"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--svg-dir")
-        .arg(&svg)
-        .env_remove("REDIS_URL")
-        .output()
-        .expect("running redsem-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "redsem-bench failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    eprintln!(
-        "smoke run took {:.1} s\n{stdout}",
-        started.elapsed().as_secs_f64()
-    );
+    let (stdout, report) = bench(&[
+        "run",
+        "--scenarios",
+        "all",
+        "--designs",
+        "all",
+        "--reps",
+        "1",
+        "--jobs-scale",
+        "0.05",
+        "--start-margin-ms",
+        "300",
+        "--crash-lease-ms",
+        "1000",
+        "--give-up-s",
+        "3",
+        "--memory-settle-ms",
+        "500",
+        "--svg-dir",
+        svg.to_str().unwrap(),
+    ]);
     for s in ["base", "crash", "scale", "throughput", "handoff", "memory"] {
         assert!(
             stdout.contains(&format!("## Scenario `{s}`")),
@@ -153,7 +141,6 @@ fn every_design_and_scenario_runs_correctly() {
         );
     }
 
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 6 * 5, "every scenario x design has an entry");
     for r in results {

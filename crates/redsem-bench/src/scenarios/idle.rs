@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RepResult, RunArgs, ScenarioParams, worker_problems};
+use super::{RepResult, RunArgs, ScenarioParams, spawn_holder, worker_problems};
 use crate::designs::DesignKind;
 use crate::harness::{Harness, WorkerOutput, WorkerProc, WorkerSpec};
 use crate::metrics::{self, RedisSnapshot};
@@ -118,19 +118,9 @@ pub async fn run_once(
         announce: true,
         semaphores: 1,
     };
-    let mut holder = h.spawn(&holder_spec, 0)?;
-    if holder
-        .wait_acquired(1, Instant::now() + Duration::from_secs(15))
-        .await
-        .is_none()
-    {
-        holder.kill_group();
-        let out = holder.finish().await;
-        worker_problems(std::slice::from_ref(&out), &mut r.notes);
-        r.notes
-            .insert("error".into(), "holder did not acquire".into());
+    let Some(holder) = spawn_holder(h, &holder_spec, &mut r).await? else {
         return Ok(r);
-    }
+    };
     let mem_before = h.snapshot().await?.used_memory;
     let waiter_spec = WorkerSpec {
         workers: p.workers,

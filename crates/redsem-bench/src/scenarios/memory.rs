@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RepResult, RunArgs, ScenarioParams, now_ms, worker_problems};
+use super::{RepResult, RunArgs, ScenarioParams, now_ms, spawn_holder, worker_problems};
 use crate::designs::DesignKind;
 use crate::harness::{Harness, WorkerSpec};
 use crate::metrics;
@@ -75,19 +75,9 @@ pub async fn run_once(
         announce: true,
         semaphores: 1,
     };
-    let mut holder = h.spawn(&holder_spec, 0)?;
-    if holder
-        .wait_acquired(1, Instant::now() + Duration::from_secs(15))
-        .await
-        .is_none()
-    {
-        holder.kill_group();
-        let out = holder.finish().await;
-        worker_problems(std::slice::from_ref(&out), &mut r.notes);
-        r.notes
-            .insert("error".into(), "holder did not acquire".into());
+    let Some(holder) = spawn_holder(h, &holder_spec, &mut r).await? else {
         return Ok(r);
-    }
+    };
     let mem_before = h.snapshot().await?.used_memory;
     let start_at_ms = now_ms() + a.start_margin_ms.max(300);
     let waiter_spec = WorkerSpec {

@@ -35,7 +35,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::designs::{self, DesignKind};
-use crate::harness::{Harness, WorkerOutput};
+use crate::harness::{Harness, WorkerOutput, WorkerProc, WorkerSpec};
 use crate::metrics::{self, Agg, JobRecord};
 use crate::worker::now_ns;
 
@@ -556,6 +556,27 @@ fn summarise(
         reps,
         agg,
     }
+}
+
+/// Starts the process that holds the only slot while others wait behind it (`memory`,
+/// `idle`) and waits until it announced its grant (at most 15 s). None, with a note in `r`, if
+/// it did not.
+async fn spawn_holder(
+    h: &Harness,
+    spec: &WorkerSpec,
+    r: &mut RepResult,
+) -> anyhow::Result<Option<WorkerProc>> {
+    let mut holder = h.spawn(spec, 0)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    if holder.wait_acquired(1, deadline).await.is_some() {
+        return Ok(Some(holder));
+    }
+    holder.kill_group();
+    let out = holder.finish().await;
+    worker_problems(std::slice::from_ref(&out), &mut r.notes);
+    r.notes
+        .insert("error".into(), "holder did not acquire".into());
+    Ok(None)
 }
 
 fn now_ms() -> u64 {
