@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RepResult, RunArgs, ScenarioParams, spawn_holder, worker_problems};
+use super::{RepResult, RunArgs, ScenarioParams, holder_spec, spawn_holder, worker_problems};
 use crate::designs::DesignKind;
 use crate::harness::{Harness, WorkerOutput, WorkerProc, WorkerSpec};
 use crate::metrics::{self, RedisSnapshot};
@@ -106,18 +106,7 @@ pub async fn run_once(
         jobs_expected: n,
         ..Default::default()
     };
-    let holder_spec = WorkerSpec {
-        design,
-        name: "idle".into(),
-        limit: p.limit,
-        workers: 1,
-        jobs: 1,
-        hold_ms: p.hold_ms,
-        lease_ms: p.lease_ms,
-        start_at_ms: 0,
-        announce: true,
-        semaphores: 1,
-    };
+    let holder_spec = holder_spec(design, "idle", p.lease_ms);
     let Some(holder) = spawn_holder(h, &holder_spec, &mut r).await? else {
         return Ok(r);
     };

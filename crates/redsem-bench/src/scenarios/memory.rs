@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RepResult, RunArgs, ScenarioParams, now_ms, spawn_holder, worker_problems};
+use super::{
+    RepResult, RunArgs, ScenarioParams, holder_spec, now_ms, spawn_holder, worker_problems,
+};
 use crate::designs::DesignKind;
 use crate::harness::{Harness, WorkerSpec};
 use crate::metrics;
@@ -63,18 +65,7 @@ pub async fn run_once(
         rep,
         ..Default::default()
     };
-    let holder_spec = WorkerSpec {
-        design,
-        name: "memory".into(),
-        limit: 1,
-        workers: 1,
-        jobs: 1,
-        hold_ms: 3_600_000.0,
-        lease_ms: p.lease_ms,
-        start_at_ms: 0,
-        announce: true,
-        semaphores: 1,
-    };
+    let holder_spec = holder_spec(design, "memory", p.lease_ms);
     let Some(holder) = spawn_holder(h, &holder_spec, &mut r).await? else {
         return Ok(r);
     };

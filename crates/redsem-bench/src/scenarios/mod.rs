@@ -558,6 +558,23 @@ fn summarise(
     }
 }
 
+/// The process that holds the only slot (limit 1) of semaphore `name` for an hour while
+/// others wait behind it, announcing its grant.
+fn holder_spec(design: DesignKind, name: &str, lease_ms: u64) -> WorkerSpec {
+    WorkerSpec {
+        design,
+        name: name.into(),
+        limit: 1,
+        workers: 1,
+        jobs: 1,
+        hold_ms: 3_600_000.0,
+        lease_ms,
+        start_at_ms: 0,
+        announce: true,
+        semaphores: 1,
+    }
+}
+
 /// Starts the process that holds the only slot while others wait behind it (`memory`,
 /// `idle`) and waits until it announced its grant (at most 15 s). None, with a note in `r`, if
 /// it did not.
