@@ -36,13 +36,15 @@ pub const INSTALL_HINT: &str = "install it with `sudo apt-get install redis-serv
 /// Starts the private `redis-server` of a run: `test-support`'s server (a free loopback port,
 /// no persistence, a temporary directory, killed with this process), in a process group of its
 /// own so that a terminal's Ctrl-C reaches only the benchmark, which stops its workers first.
-fn start_private_redis() -> anyhow::Result<Server> {
+/// `extra_args` go to `redis-server` (e.g. `--replicaof`).
+pub(crate) fn start_private_redis(extra_args: Vec<String>) -> anyhow::Result<Server> {
     if test_support::server_binary(Flavor::Redis).is_none() {
         anyhow::bail!("redis-server not found on PATH; {INSTALL_HINT}");
     }
     let opts = ServerOptions {
         own_process_group: true,
         enable_debug: false,
+        extra_args,
         ..ServerOptions::default()
     };
     // test-support reports a server that does not come up by panicking (with its log)
@@ -75,7 +77,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let mut server = match &a.redis_url {
         Some(_) => None,
         None => {
-            let s = start_private_redis()?;
+            let s = start_private_redis(Vec::new())?;
             eprintln!(
                 "started a private redis-server on {} (pid {}), stopped at the end",
                 s.url(),

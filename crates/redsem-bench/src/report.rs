@@ -301,6 +301,7 @@ pub fn render(report: &Report) -> String {
                 }
             }
             ScenarioKind::Idle | ScenarioKind::Many => idle_table(&mut out, kind, &rows),
+            ScenarioKind::Synced => synced_table(&mut out, &rows),
         }
         let errs: Vec<String> = rows
             .iter()
@@ -319,6 +320,53 @@ pub fn render(report: &Report) -> String {
     }
     out.push_str(NOTES);
     out
+}
+
+/// The `synced` table: one row per design and mode.
+fn synced_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let cols = [
+        "design",
+        "mode",
+        "cycles/s",
+        "acquire p50 ms",
+        "acquire p99 ms",
+        "round trips/job",
+        "Redis cmds/job",
+        "Redis CPU µs/job",
+        "acquire errors",
+        "complete reps",
+    ];
+    table(out, &cols, rows, |r| {
+        vec![
+            format!("`{}`", r.design),
+            crate::scenarios::synced::mode(&r.params),
+            cell(r, "jobs_per_s", 0),
+            cell(r, "wait_p50_ms", 3),
+            cell(r, "wait_p99_ms", 3),
+            cell(r, "round_trips_per_job", 1),
+            cell(r, "redis_cmds_per_job", 1),
+            cell_scaled(r, "redis_cpu_ms_per_job", 1, 1000.0),
+            cell(r, "acquire_errors", 0),
+            complete_reps(r),
+        ]
+    });
+}
+
+/// A table: the header, then one row per result (`cells`), or the reason it was skipped.
+fn table(
+    out: &mut String,
+    cols: &[&str],
+    rows: &[&ScenarioResult],
+    cells: impl Fn(&ScenarioResult) -> Vec<String>,
+) {
+    header(out, cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+        } else {
+            row(out, &cells(r));
+        }
+    }
 }
 
 /// The `idle` table (one row per design and number of waiters) and the `many` table.
@@ -341,12 +389,7 @@ fn idle_table(out: &mut String, kind: ScenarioKind, rows: &[&ScenarioResult]) {
         "worker processes' CPU % of a core",
         "complete reps",
     ]);
-    header(out, &cols);
-    for r in rows {
-        if r.skipped.is_some() {
-            skipped_row(out, r, cols.len());
-            continue;
-        }
+    table(out, &cols, rows, |r| {
         let n = u64::from(r.params.procs) * r.params.jobs_per_proc;
         let mut c = vec![format!("`{}`", r.design)];
         if many {
@@ -371,8 +414,8 @@ fn idle_table(out: &mut String, kind: ScenarioKind, rows: &[&ScenarioResult]) {
             cell(r, "client_cpu_pct", 2),
             complete_reps(r),
         ]);
-        row(out, &c);
-    }
+        c
+    });
 }
 
 /// How the columns are computed (printed under the tables).

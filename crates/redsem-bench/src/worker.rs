@@ -75,6 +75,10 @@ pub struct WorkerArgs {
     /// `NAME-<K-1>`, each with the limit, and task `i` uses semaphore `i mod K`.
     #[arg(long, env = "SEM_SEMAPHORES", default_value_t = 1)]
     pub semaphores: u32,
+    /// `redsem` only (not in the contract): grants wait until this many replicas have them
+    /// (the library's synced mode, 1 s timeout); 0 = off.
+    #[arg(long, env = "SEM_SYNCED_REPLICAS", default_value_t = 0)]
+    pub synced_replicas: u32,
 }
 
 /// CLOCK_REALTIME now, epoch nanoseconds.
@@ -200,6 +204,7 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
         name: a.name.clone(),
         limit: a.limit,
         lease_ms: a.lease_ms,
+        synced_replicas: a.synced_replicas,
     };
     let sems: Vec<Arc<Semaphore>> = Semaphore::open_many(a.design, &params, a.semaphores)
         .await?

@@ -44,11 +44,11 @@ fn bench(args: &[&str]) -> (String, Value) {
 }
 
 #[test]
-fn idle_and_many_run_at_a_tiny_size() {
+fn idle_many_and_synced_run_at_a_tiny_size() {
     let (stdout, report) = bench(&[
         "run",
         "--scenarios",
-        "idle,many",
+        "idle,many,synced",
         "--designs",
         "counter,redsem",
         "--reps",
@@ -61,7 +61,7 @@ fn idle_and_many_run_at_a_tiny_size() {
         "60",
         "--no-svg",
     ]);
-    for s in ["idle", "many"] {
+    for s in ["idle", "many", "synced"] {
         assert!(
             stdout.contains(&format!("## Scenario `{s}`")),
             "no {s} table"
@@ -79,7 +79,11 @@ fn idle_and_many_run_at_a_tiny_size() {
     assert_eq!(count("idle", "counter"), 1);
     assert_eq!(count("many", "redsem"), 1);
     assert_eq!(count("many", "counter"), 1);
+    // plain and synced mode
+    assert_eq!(count("synced", "redsem"), 2);
+    assert_eq!(count("synced", "counter"), 1);
     let mut waiters = Vec::new();
+    let mut round_trips = [0.0; 2];
     for r in results {
         let what = format!("{}/{}", r["scenario"], r["design"]);
         if r["design"] == "counter" {
@@ -90,6 +94,13 @@ fn idle_and_many_run_at_a_tiny_size() {
         assert_eq!(reps.len(), 1, "{what}");
         let rep = &reps[0];
         assert_eq!(rep["complete"], true, "{what}: {rep}");
+        if r["scenario"] == "synced" {
+            assert_eq!(rep["jobs_done"], rep["jobs_expected"], "{what}: {rep}");
+            assert_eq!(f(rep, "acquire_errors"), 0.0, "{what}: {rep}");
+            let replicas = r["params"]["synced_replicas"].as_u64().unwrap() as usize;
+            round_trips[replicas] = f(rep, "round_trips_per_job");
+            continue;
+        }
         assert_eq!(f(rep, "grants_after_queued"), 0.0, "{what}: {rep}");
         // every waiter was queued; Redis was watched and saw the heartbeats
         let expected = if r["scenario"] == "idle" {
@@ -107,6 +118,11 @@ fn idle_and_many_run_at_a_tiny_size() {
         }
     }
     assert!(waiters.windows(2).all(|w| w[0] < w[1]), "{waiters:?}");
+    // synced mode: one more script call and a WAIT per grant (the same fixed costs otherwise)
+    assert!(
+        round_trips[1] - round_trips[0] > 1.5,
+        "round trips per cycle, plain and synced: {round_trips:?}"
+    );
 }
 
 #[test]

@@ -162,6 +162,8 @@ pub struct Params {
     pub limit: u32,
     /// Lease (TTL) in milliseconds, for the designs that have one.
     pub lease_ms: u64,
+    /// `redsem` only: grants wait for this many replicas (synced mode; 0 = off).
+    pub synced_replicas: u32,
 }
 
 /// Why one acquire attempt failed (the worker retries and counts it).

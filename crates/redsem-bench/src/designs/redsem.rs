@@ -9,14 +9,18 @@ use std::time::Duration;
 
 use super::{AcquireError, Params};
 
+/// How long a synced grant waits for its replicas (the `synced` scenario).
+pub const SYNCED_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Whether the library's design can run.
 pub const AVAILABLE: bool = true;
 
 /// Top-level commands the library's clients send besides script calls (see
 /// [`DesignKind::sent_commands`](super::DesignKind::sent_commands)): the notifier's
-/// (un)subscriptions. Every state change is a script call (`EVALSHA`, `EVAL` or `SCRIPT LOAD`
+/// (un)subscriptions, and in synced mode the `WAIT` after each grant's confirmation (never
+/// sent otherwise). Every state change is a script call (`EVALSHA`, `EVAL` or `SCRIPT LOAD`
 /// after a NOSCRIPT); its health-check `PING`s are not the semaphore's work.
-pub const TOP_LEVEL: &[&str] = &["subscribe", "unsubscribe"];
+pub const TOP_LEVEL: &[&str] = &["subscribe", "unsubscribe", "wait"];
 
 /// The library's permit.
 pub type RedsemPermit = redsem::Permit;
@@ -30,14 +34,23 @@ pub struct RedsemSemaphore {
 impl RedsemSemaphore {
     /// Connects the client and opens the semaphore (SUBSCRIBE + one script).
     pub async fn open(p: &Params) -> anyhow::Result<Self> {
-        let client = redsem::Client::connect(&p.redis_url).await?;
+        let client = Self::client(p).await?;
         Self::open_with(&client, p).await
+    }
+
+    /// The process's client; with `synced_replicas` > 0 in synced mode (1 s to acknowledge).
+    async fn client(p: &Params) -> anyhow::Result<redsem::Client> {
+        let mut b = redsem::Client::builder(p.redis_url.as_str());
+        if p.synced_replicas > 0 {
+            b = b.synced_replicas(p.synced_replicas, SYNCED_TIMEOUT);
+        }
+        Ok(b.build().await?)
     }
 
     /// Opens one semaphore per name through one client, as a process that uses many
     /// semaphores would.
     pub async fn open_many(p: &Params, names: &[String]) -> anyhow::Result<Vec<Self>> {
-        let client = redsem::Client::connect(&p.redis_url).await?;
+        let client = Self::client(p).await?;
         let mut sems = Vec::with_capacity(names.len());
         for name in names {
             let p = Params {

@@ -80,6 +80,7 @@ pub async fn run_once(
         start_at_ms: 0,
         announce: true,
         semaphores: 1,
+        synced_replicas: 0,
     };
     let mut holders = Vec::new();
     for i in 0..p.limit as usize {

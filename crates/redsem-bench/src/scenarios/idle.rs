@@ -51,7 +51,7 @@ pub(super) fn variants(scale: f64, a: &RunArgs) -> Vec<ScenarioParams> {
                 lease_ms: LEASE_MS,
                 run_timeout_s: a.idle_queue_timeout_s,
                 window_s: Some(a.idle_window_s),
-                semaphores: None,
+                ..ScenarioParams::default()
             }
         })
         .collect()

@@ -33,6 +33,7 @@ pub async fn run_once(
         start_at_ms,
         announce: false,
         semaphores: 1,
+        synced_replicas: p.synced_replicas.unwrap_or(0),
     };
     let specs = vec![spec; p.procs as usize];
     let (outs, timed_out) = h

@@ -30,6 +30,7 @@ pub(super) fn params(n: impl Fn(f64, u64) -> u64, a: &RunArgs) -> ScenarioParams
         run_timeout_s: a.idle_queue_timeout_s,
         window_s: Some(a.idle_window_s),
         semaphores: Some(k as u32),
+        ..ScenarioParams::default()
     }
 }
 
@@ -69,6 +70,7 @@ pub async fn run_once(
         start_at_ms: 0,
         announce: true,
         semaphores: k,
+        synced_replicas: 0,
     };
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(p.run_timeout_s);

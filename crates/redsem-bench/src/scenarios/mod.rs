@@ -25,6 +25,7 @@ pub mod jobs;
 pub mod many;
 pub mod memory;
 pub mod scale;
+pub mod synced;
 pub mod throughput;
 
 use std::collections::BTreeMap;
@@ -43,7 +44,7 @@ use crate::worker::now_ns;
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// Comma list of scenarios: base,crash,scale,throughput,handoff,memory (default and `all`:
-    /// these six), idle,many (slow: only when named).
+    /// these six), idle,many,synced (slow, or need a replica: only when named).
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Comma list of designs: counter,zset-poll,fifo-poll,fifo-notify,redsem (default: all).
@@ -112,6 +113,8 @@ pub enum ScenarioKind {
     Idle,
     /// One process holding and waiting on many semaphores (not in the default set).
     Many,
+    /// What synced mode costs per acquisition (not in the default set: it needs a replica).
+    Synced,
 }
 
 impl ScenarioKind {
@@ -127,7 +130,7 @@ impl ScenarioKind {
 
     /// Every scenario: the default set, then those that run only when named (they take
     /// minutes).
-    pub const EVERY: [ScenarioKind; 8] = [
+    pub const EVERY: [ScenarioKind; 9] = [
         ScenarioKind::Base,
         ScenarioKind::Crash,
         ScenarioKind::Scale,
@@ -136,6 +139,7 @@ impl ScenarioKind {
         ScenarioKind::Memory,
         ScenarioKind::Idle,
         ScenarioKind::Many,
+        ScenarioKind::Synced,
     ];
 
     /// Command-line name.
@@ -149,6 +153,7 @@ impl ScenarioKind {
             ScenarioKind::Memory => "memory",
             ScenarioKind::Idle => "idle",
             ScenarioKind::Many => "many",
+            ScenarioKind::Synced => "synced",
         }
     }
 
@@ -183,6 +188,9 @@ pub struct ScenarioParams {
     /// Many: semaphores the process opens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub semaphores: Option<u32>,
+    /// Synced: replicas every grant waits for (0 = plain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_replicas: Option<u32>,
 }
 
 impl ScenarioParams {
@@ -199,6 +207,7 @@ impl ScenarioParams {
             ScenarioKind::Memory => vec![memory::params(n)],
             ScenarioKind::Idle => idle::variants(scale, a),
             ScenarioKind::Many => vec![many::params(n, a)],
+            ScenarioKind::Synced => synced::variants(n),
         }
     }
 
@@ -209,6 +218,7 @@ impl ScenarioParams {
             ScenarioKind::Memory => memory::describe(self),
             ScenarioKind::Idle => idle::describe(self),
             ScenarioKind::Many => many::describe(self),
+            ScenarioKind::Synced => synced::describe(self),
             _ => format!(
                 "{} process(es) x {} tasks, limit {}, {} jobs ({} per process) x {} ms hold, lease {} s{}",
                 self.procs,
@@ -360,7 +370,7 @@ pub fn selection(a: &RunArgs) -> anyhow::Result<(Vec<ScenarioKind>, Vec<DesignKi
             continue;
         }
         sc.push(ScenarioKind::parse(s).with_context(|| {
-            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory,idle,many)")
+            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory,idle,many,synced)")
         })?);
     }
     if sc.is_empty() {
@@ -397,6 +407,9 @@ fn skip_reason(kind: ScenarioKind, design: DesignKind) -> Option<String> {
             "skipped: thousands of waiters polling every 20 ms would measure a saturated Redis, not memory"
                 .into(),
         );
+    }
+    if kind == ScenarioKind::Synced && design != DesignKind::Redsem {
+        return Some("skipped: the reference's designs have no synced mode".into());
     }
     if matches!(kind, ScenarioKind::Idle | ScenarioKind::Many) && design != DesignKind::Redsem {
         return Some(
@@ -469,6 +482,7 @@ async fn run_reps(
             ScenarioKind::Memory => memory::run_once(h, a, design, params, rep).await?,
             ScenarioKind::Idle => idle::run_once(h, design, params, rep).await?,
             ScenarioKind::Many => many::run_once(h, design, params, rep).await?,
+            ScenarioKind::Synced => synced::run_once(a, design, params, rep).await?,
             _ => jobs::run_once(h, a, kind, design, params, rep).await?,
         };
         progress.println(format!(
@@ -572,6 +586,7 @@ fn holder_spec(design: DesignKind, name: &str, lease_ms: u64) -> WorkerSpec {
         start_at_ms: 0,
         announce: true,
         semaphores: 1,
+        synced_replicas: 0,
     }
 }
 
@@ -666,6 +681,9 @@ mod tests {
         assert_eq!(many.len(), 1);
         assert_eq!(many[0].semaphores, Some(1000));
         assert_eq!(many[0].workers, 2000);
+        let synced = ScenarioParams::variants(ScenarioKind::Synced, 1.0, &a);
+        let modes: Vec<_> = synced.iter().map(|p| p.synced_replicas).collect();
+        assert_eq!(modes, [Some(0), Some(1)]);
         for kind in ScenarioKind::ALL {
             assert_eq!(ScenarioParams::variants(kind, 1.0, &a).len(), 1, "{kind:?}");
         }
