@@ -2,9 +2,10 @@
 //! Redis semaphores (see [`designs`]), every worker a real OS process that follows the
 //! peers' worker contract (see [`worker`]), so `shared/bench/peers/driver.py` can run it too.
 //!
-//! `cargo run --release -p redsem-bench` runs every scenario ([`scenarios`]) for every design
-//! against a private `redis-server` it starts and stops itself (`test-support`'s
-//! [`Server`](test_support::Server), in a process group of its own) unless `REDIS_URL` is set, prints one markdown table per scenario ([`report`]), and writes SVG
+//! `cargo run --release -p redsem-bench` runs the default scenarios ([`scenarios`]; `idle`,
+//! `many` and `synced` only when named) for every design against a private `redis-server` it
+//! starts and stops itself (`test-support`'s [`Server`], in a process group of its own) unless
+//! `REDIS_URL` is set, prints one markdown table per scenario ([`report`]), and writes SVG
 //! charts ([`chart`]) and optionally JSON.
 
 #![warn(missing_docs)]

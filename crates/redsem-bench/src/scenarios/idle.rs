@@ -12,7 +12,7 @@
 //! Only the `redsem` design: every waiter of the reference's designs polls Redis itself, so
 //! idle waiters would measure a saturated Redis.
 //!
-//! [`watch`] is shared with the `many` scenario.
+//! Its window (`watch`) is shared with the `many` scenario.
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! semaphores (limit 1, lease 10 s, one client; `--semaphores`) and runs two tasks on each:
 //! one holds its permit for the whole run, the other waits behind it. Once every semaphore has
 //! its holder and its waiter (asked with `inspect` before the window) and one fallback
-//! interval has passed, Redis is watched as in `idle` ([`super::idle::watch`]): script calls
+//! interval has passed, Redis is watched as in [`idle`](super::idle): script calls
 //! per second (during the window they are all renewals and checks), the same per semaphore,
 //! and Redis' CPU as % of one core. The count of semaphores is multiplied by `--jobs-scale`.
 //!

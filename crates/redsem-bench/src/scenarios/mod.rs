@@ -9,9 +9,12 @@
 //! | `throughput` | uncontended: 1 process, 64 tasks, limit 64, zero hold, 20,000 acquire/release cycles |
 //! | `handoff` | limit 1, 3 x 2 tasks (5 always waiting), 150 jobs x 10 ms: release -> next holder, from the releaser's `rel_ns` to the next `acq_ns` |
 //! | `memory` | 1 process with 10,000 tasks waiting behind a slot another process holds (limit 1): peak RSS (VmHWM) - RSS before, per waiting task; Redis connections the process holds (CLIENT LIST, matched by the process's socket ports); Redis `used_memory` growth per waiter. Run for `redsem` and `fifo-notify` (the polling designs would only measure a saturated Redis: 10,000 waiters x 50 polls/s) |
+//! | `idle` (only when named) | 1k, 10k, 100k waiting tasks in 4 processes behind one holder process: Redis CPU % of a core and script calls per second over a window once all are queued (`redsem` only) |
+//! | `many` (only when named) | 1 process, 1,000 semaphores, one holder and one waiter on each: the same figures (`redsem` only) |
+//! | `synced` (only when named) | 1 process x 1 task, sequential acquire+release cycles on a private master with one replica: plain vs synced mode (`redsem` only) |
 //!
-//! `--jobs-scale F` multiplies job counts (and the `scale` task count, the `memory` waiter
-//! count) for quick smoke runs; `crash` is unaffected.
+//! `--jobs-scale F` multiplies job counts (and the `scale` task count, the `memory`, `idle`
+//! waiter counts, the `many` semaphore count) for quick smoke runs; `crash` is unaffected.
 //!
 //! One file per scenario (its workload, and its run when it has its own); [`jobs`] is the run
 //! shared by the scenarios made of jobs (`base`, `scale`, `throughput`, `handoff`). This file
