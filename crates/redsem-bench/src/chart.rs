@@ -275,6 +275,7 @@ mod tests {
                 hold_ms: 20.0,
                 lease_ms: 5000,
                 run_timeout_s: 30.0,
+                ..ScenarioParams::default()
             },
             skipped: None,
             reps: vec![RepResult {

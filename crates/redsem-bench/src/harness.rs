@@ -41,6 +41,12 @@ pub struct WorkerSpec {
     pub start_at_ms: u64,
     /// Print `acquired` events.
     pub announce: bool,
+    /// Semaphores the process opens (`--semaphores`, not in the contract; 1 = the contract's
+    /// one semaphore named `name`).
+    pub semaphores: u32,
+    /// `redsem` only: grants wait for this many replicas (`--synced-replicas`, not in the
+    /// contract; 0 = off).
+    pub synced_replicas: u32,
 }
 
 /// What one worker process printed.
@@ -227,6 +233,16 @@ impl Harness {
             .arg(spec.start_at_ms.to_string());
         if spec.announce {
             cmd.arg("--announce");
+        }
+        if spec.semaphores > 1 {
+            cmd.arg("--semaphores")
+                .arg(spec.semaphores.to_string())
+                .env("SEM_SEMAPHORES", spec.semaphores.to_string());
+        }
+        if spec.synced_replicas > 0 {
+            cmd.arg("--synced-replicas")
+                .arg(spec.synced_replicas.to_string())
+                .env("SEM_SYNCED_REPLICAS", spec.synced_replicas.to_string());
         }
         cmd.env("SEM_REDIS_URL", &self.redis_url)
             .env("SEM_NAME", &spec.name)

@@ -2,8 +2,9 @@
 //! Redis semaphores (see [`designs`]), every worker a real OS process that follows the
 //! peers' worker contract (see [`worker`]), so `shared/bench/peers/driver.py` can run it too.
 //!
-//! `cargo run --release -p redsem-bench` runs every scenario ([`scenarios`]) for every design
-//! against a private `redis-server` it starts and stops itself ([`redis_server`]) unless
+//! `cargo run --release -p redsem-bench` runs the default scenarios ([`scenarios`]; `idle`,
+//! `many` and `synced` only when named) for every design against a private `redis-server` it
+//! starts and stops itself (`test-support`'s [`Server`], in a process group of its own) unless
 //! `REDIS_URL` is set, prints one markdown table per scenario ([`report`]), and writes SVG
 //! charts ([`chart`]) and optionally JSON.
 
@@ -13,7 +14,6 @@ pub mod chart;
 pub mod designs;
 pub mod harness;
 pub mod metrics;
-pub mod redis_server;
 pub mod report;
 pub mod scenarios;
 pub mod worker;
@@ -21,13 +21,43 @@ pub mod worker;
 use std::time::Instant;
 
 use serde_json::json;
+use test_support::{Flavor, Server, ServerOptions};
 
 use crate::harness::Harness;
-use crate::redis_server::RedisServer;
 use crate::scenarios::{Progress, Report, RunArgs};
 
 /// Exit code after Ctrl-C / SIGTERM.
 pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// How to install Redis, for the error message when `redis-server` is missing.
+pub const INSTALL_HINT: &str = "install it with `sudo apt-get install redis-server` \
+    (Debian/Ubuntu; `sudo dnf install redis` on Fedora, `brew install redis` on macOS), \
+    or set REDIS_URL to a Redis the benchmark may FLUSHALL";
+
+/// Starts the private `redis-server` of a run: `test-support`'s server (a free loopback port,
+/// no persistence, a temporary directory, killed with this process), in a process group of its
+/// own so that a terminal's Ctrl-C reaches only the benchmark, which stops its workers first.
+/// `extra_args` go to `redis-server` (e.g. `--replicaof`).
+pub(crate) fn start_private_redis(extra_args: Vec<String>) -> anyhow::Result<Server> {
+    if test_support::server_binary(Flavor::Redis).is_none() {
+        anyhow::bail!("redis-server not found on PATH; {INSTALL_HINT}");
+    }
+    let opts = ServerOptions {
+        own_process_group: true,
+        enable_debug: false,
+        extra_args,
+        ..ServerOptions::default()
+    };
+    // test-support reports a server that does not come up by panicking (with its log)
+    std::panic::catch_unwind(|| Server::start_with(Flavor::Redis, opts)).map_err(|e| {
+        let why = e
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| e.downcast_ref::<&str>().copied())
+            .unwrap_or("it did not start");
+        anyhow::anyhow!("could not start a private redis-server: {why}")
+    })
+}
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -45,15 +75,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         a.jobs_scale > 0.0 && a.jobs_scale.is_finite(),
         "--jobs-scale must be > 0"
     );
-    // started on the main thread, which outlives it (PR_SET_PDEATHSIG is per thread)
     let mut server = match &a.redis_url {
         Some(_) => None,
         None => {
-            let s = RedisServer::start()?;
+            let s = start_private_redis(Vec::new())?;
             eprintln!(
                 "started a private redis-server on {} (pid {}), stopped at the end",
                 s.url(),
-                s.pid().unwrap_or(0)
+                s.pid()
             );
             Some(s)
         }
@@ -110,7 +139,7 @@ async fn body(
     let t0 = Instant::now();
     let load0 = loadavg();
     let version = h.snapshot().await?.redis_version;
-    let total = (scenarios.len() * designs.len()) as u64 * u64::from(a.reps);
+    let total = scenarios::run_count(a, scenarios, designs);
     let progress = Progress::new(total);
     let results = scenarios::run_all(&h, a, scenarios, designs, &progress).await;
     progress.finish();

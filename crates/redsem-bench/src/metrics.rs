@@ -214,6 +214,18 @@ pub fn children_cpu_s() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// User + system CPU seconds a live process has used so far (`utime` + `stime` of
+/// `/proc/<pid>/stat`), or None when it is gone.
+pub fn proc_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // the fields after the command name (which may hold spaces), from field 3 (state) on
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
 /// `VmRSS` and `VmHWM` (peak RSS) of a process, in KiB, from `/proc/<pid>/status`.
 pub fn proc_rss_kib(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -317,6 +329,21 @@ pub fn agg(values: impl IntoIterator<Item = Option<f64>>) -> Option<Agg> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_cpu_s_reads_a_live_process_and_grows_with_work() {
+        let me = std::process::id();
+        let t0 = proc_cpu_s(me).expect("our own /proc/<pid>/stat");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut x = 0u64;
+        while proc_cpu_s(me).unwrap() <= t0 && std::time::Instant::now() < deadline {
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        assert!(proc_cpu_s(me).unwrap() > t0, "{x}");
+        assert_eq!(proc_cpu_s(u32::MAX), None);
+    }
 
     #[test]
     fn overlap_counts_ends_before_starts() {

@@ -300,6 +300,8 @@ pub fn render(report: &Report) -> String {
                     );
                 }
             }
+            ScenarioKind::Idle | ScenarioKind::Many => idle_table(&mut out, kind, &rows),
+            ScenarioKind::Synced => synced_table(&mut out, &rows),
         }
         let errs: Vec<String> = rows
             .iter()
@@ -320,6 +322,102 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// The `synced` table: one row per design and mode.
+fn synced_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let cols = [
+        "design",
+        "mode",
+        "cycles/s",
+        "acquire p50 ms",
+        "acquire p99 ms",
+        "round trips/job",
+        "Redis cmds/job",
+        "Redis CPU µs/job",
+        "acquire errors",
+        "complete reps",
+    ];
+    table(out, &cols, rows, |r| {
+        vec![
+            format!("`{}`", r.design),
+            crate::scenarios::synced::mode(&r.params),
+            cell(r, "jobs_per_s", 0),
+            cell(r, "wait_p50_ms", 3),
+            cell(r, "wait_p99_ms", 3),
+            cell(r, "round_trips_per_job", 1),
+            cell(r, "redis_cmds_per_job", 1),
+            cell_scaled(r, "redis_cpu_ms_per_job", 1, 1000.0),
+            cell(r, "acquire_errors", 0),
+            complete_reps(r),
+        ]
+    });
+}
+
+/// A table: the header, then one row per result (`cells`), or the reason it was skipped.
+fn table(
+    out: &mut String,
+    cols: &[&str],
+    rows: &[&ScenarioResult],
+    cells: impl Fn(&ScenarioResult) -> Vec<String>,
+) {
+    header(out, cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+        } else {
+            row(out, &cells(r));
+        }
+    }
+}
+
+/// The `idle` table (one row per design and number of waiters) and the `many` table.
+fn idle_table(out: &mut String, kind: ScenarioKind, rows: &[&ScenarioResult]) {
+    let many = kind == ScenarioKind::Many;
+    let mut cols = vec!["design"];
+    cols.extend(if many {
+        ["semaphores", "waiters queued"]
+    } else {
+        ["waiters", "queued"]
+    });
+    cols.extend(["time to queue s", "Redis CPU % of a core", "script calls/s"]);
+    cols.push(if many {
+        "script calls/s per semaphore"
+    } else {
+        "Redis bytes per waiter"
+    });
+    cols.extend([
+        "Redis cmds/s",
+        "worker processes' CPU % of a core",
+        "complete reps",
+    ]);
+    table(out, &cols, rows, |r| {
+        let n = u64::from(r.params.procs) * r.params.jobs_per_proc;
+        let mut c = vec![format!("`{}`", r.design)];
+        if many {
+            let k = r.params.semaphores.unwrap_or(1);
+            c.push(k.to_string());
+        } else {
+            c.push(n.to_string());
+        }
+        c.push(cell(r, "queued", 0));
+        c.extend([
+            cell(r, "queue_s", 1),
+            cell(r, "redis_cpu_pct", 2),
+            cell(r, "script_calls_per_s", 1),
+        ]);
+        c.push(if many {
+            cell(r, "script_calls_per_s_per_sem", 2)
+        } else {
+            cell(r, "redis_bytes_per_waiter", 0)
+        });
+        c.extend([
+            cell(r, "redis_cmds_per_s", 0),
+            cell(r, "client_cpu_pct", 2),
+            complete_reps(r),
+        ]);
+        c
+    });
+}
+
 /// How the columns are computed (printed under the tables).
 pub const NOTES: &str = "
 Cells are `median (min-max)` over the complete repetitions. *run s*: shared start to the last
@@ -338,7 +436,12 @@ of all worker processes; *handoff*: from a holder's rel_ns to the next acq_ns (l
 start); *lease left at kill*: lease minus the oldest holder's age at the kill; *RSS bytes per
 waiting task*: (VmHWM once all tasks wait - VmRSS just before the start) / tasks, i.e. the task,
 its future and the design's per-waiter state; *Redis connections*: CLIENT LIST entries whose
-address is one of the waiting process's sockets.
+address is one of the waiting process's sockets. *idle*, *many*: figures over the window
+once everyone is queued (nothing is acquired or released in it); *Redis CPU %*:
+used_cpu_user+sys delta / window; *script calls/s*: EVALSHA, EVAL, ... per second of the window,
+i.e. the heartbeats' renewals and checks; *worker processes' CPU*: utime+stime of the holder and
+waiter processes (/proc/<pid>/stat, 10 ms resolution per process) / window; *time to queue*: spawn of the waiter processes to
+the `inspect` that saw every waiter queued.
 ";
 
 /// Writes the report as pretty JSON.

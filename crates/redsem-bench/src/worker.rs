@@ -10,7 +10,8 @@
 //!
 //! Every contract flag can also come from its environment variable (`SEM_REDIS_URL`,
 //! `SEM_NAME`, `SEM_LIMIT`, `SEM_WORKERS`, `SEM_JOBS`, `SEM_HOLD_MS`, `SEM_LEASE_MS`,
-//! `SEM_START_AT_MS`, `SEM_ANNOUNCE`; and `SEM_DESIGN`); flags win. `--threads 0` (default) runs
+//! `SEM_START_AT_MS`, `SEM_ANNOUNCE`; and `SEM_DESIGN`, `SEM_THREADS`, `SEM_SEMAPHORES`);
+//! flags win. `--threads 0` (default) runs
 //! the tasks on a single-threaded tokio runtime, like the Python (asyncio) and Node peers;
 //! `--threads N` uses a multi-threaded one.
 //!
@@ -70,6 +71,14 @@ pub struct WorkerArgs {
     /// Runtime threads: 0 = single-threaded tokio runtime (default), N = multi-threaded.
     #[arg(long, env = "SEM_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Semaphores (not in the contract): with K > 1 the process opens `NAME-0` ..
+    /// `NAME-<K-1>`, each with the limit, and task `i` uses semaphore `i mod K`.
+    #[arg(long, env = "SEM_SEMAPHORES", default_value_t = 1)]
+    pub semaphores: u32,
+    /// `redsem` only (not in the contract): grants wait until this many replicas have them
+    /// (the library's synced mode, 1 s timeout); 0 = off.
+    #[arg(long, env = "SEM_SYNCED_REPLICAS", default_value_t = 0)]
+    pub synced_replicas: u32,
 }
 
 /// CLOCK_REALTIME now, epoch nanoseconds.
@@ -185,6 +194,7 @@ impl Job {
 async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.limit >= 1, "--limit must be >= 1");
     anyhow::ensure!(a.workers >= 1, "--workers must be >= 1");
+    anyhow::ensure!(a.semaphores >= 1, "--semaphores must be >= 1");
     anyhow::ensure!(
         a.hold_ms >= 0.0 && a.hold_ms.is_finite(),
         "--hold-ms must be >= 0"
@@ -194,8 +204,13 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
         name: a.name.clone(),
         limit: a.limit,
         lease_ms: a.lease_ms,
+        synced_replicas: a.synced_replicas,
     };
-    let sem = Arc::new(Semaphore::open(a.design, &params).await?);
+    let sems: Vec<Arc<Semaphore>> = Semaphore::open_many(a.design, &params, a.semaphores)
+        .await?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
 
     // sleep until the shared wall-clock start
     let mut late_ms = 0.0;
@@ -216,7 +231,7 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     for wid in 0..a.workers {
         let job = Job {
-            sem: sem.clone(),
+            sem: sems[wid as usize % sems.len()].clone(),
             wid,
             hold,
             announce: a.announce,
@@ -224,13 +239,6 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
             release_errors: release_errors.clone(),
         };
         let remaining = remaining.clone();
-        if wid == 0 {
-            eprintln!(
-                "ZZ run {} acquire {}",
-                std::mem::size_of_val(&job.run()),
-                std::mem::size_of_val(&job.acquire())
-            );
-        }
         tasks.spawn(async move {
             while remaining.fetch_sub(1, Ordering::SeqCst) > 0 {
                 job.run().await;
@@ -248,8 +256,10 @@ async fn run_async(a: WorkerArgs) -> anyhow::Result<()> {
         "late_ms": (late_ms * 1000.0).round() / 1000.0,
         "pid": std::process::id(),
     }}));
-    if let Ok(sem) = Arc::try_unwrap(sem) {
-        sem.close().await;
+    for sem in sems {
+        if let Ok(sem) = Arc::try_unwrap(sem) {
+            sem.close().await;
+        }
     }
     Ok(())
 }

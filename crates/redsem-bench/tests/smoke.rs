@@ -2,7 +2,8 @@
 //! jobs, against the private redis-server the binary starts itself (REDIS_URL removed).
 //! Asserts correctness only (every job done, never more holders than the limit, leased
 //! designs recover from SIGKILLed holders and the counter does not, the memory figures
-//! exist), never timings.
+//! exist, the idle waiters are all queued and nobody is granted while they idle), never
+//! timings.
 
 use std::process::Command;
 
@@ -14,33 +15,20 @@ fn f(v: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("figure {key} missing in {v}"))
 }
 
-#[test]
-fn every_design_and_scenario_runs_correctly() {
+/// Runs the benchmark binary with `args` (plus a JSON file, REDIS_URL removed); returns its
+/// stdout and the JSON report.
+fn bench(args: &[&str]) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
-    let svg = dir.path().join("svg");
     let started = std::time::Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_redsem-bench"))
-        .args([
-            "run",
-            "--scenarios",
-            "all",
-            "--designs",
-            "all",
-            "--reps",
-            "1",
-        ])
-        .args(["--jobs-scale", "0.05", "--start-margin-ms", "300"])
-        .args(["--crash-lease-ms", "1000", "--give-up-s", "3"])
-        .args(["--memory-settle-ms", "500"])
+        .args(args)
         .arg("--json")
         .arg(&json)
-        .arg("--svg-dir")
-        .arg(&svg)
         .env_remove("REDIS_URL")
         .output()
         .expect("running redsem-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -48,9 +36,120 @@ fn every_design_and_scenario_runs_correctly() {
         out.status
     );
     eprintln!(
-        "smoke run took {:.1} s\n{stdout}",
+        "{args:?} took {:.1} s\n{stdout}",
         started.elapsed().as_secs_f64()
     );
+    let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, report)
+}
+
+#[test]
+fn idle_many_and_synced_run_at_a_tiny_size() {
+    let (stdout, report) = bench(&[
+        "run",
+        "--scenarios",
+        "idle,many,synced",
+        "--designs",
+        "counter,redsem",
+        "--reps",
+        "1",
+        "--jobs-scale",
+        "0.002",
+        "--idle-window-s",
+        "1",
+        "--idle-queue-timeout-s",
+        "60",
+        "--no-svg",
+    ]);
+    for s in ["idle", "many", "synced"] {
+        assert!(
+            stdout.contains(&format!("## Scenario `{s}`")),
+            "no {s} table"
+        );
+    }
+    let results = report["results"].as_array().unwrap();
+    let count = |scenario: &str, design: &str| {
+        results
+            .iter()
+            .filter(|r| r["scenario"] == scenario && r["design"] == design)
+            .count()
+    };
+    // one row per number of waiters; the baselines skipped with one row
+    assert_eq!(count("idle", "redsem"), 3);
+    assert_eq!(count("idle", "counter"), 1);
+    assert_eq!(count("many", "redsem"), 1);
+    assert_eq!(count("many", "counter"), 1);
+    // plain and synced mode
+    assert_eq!(count("synced", "redsem"), 2);
+    assert_eq!(count("synced", "counter"), 1);
+    let mut waiters = Vec::new();
+    let mut round_trips = [0.0; 2];
+    for r in results {
+        let what = format!("{}/{}", r["scenario"], r["design"]);
+        if r["design"] == "counter" {
+            assert!(r["skipped"].is_string(), "{what}");
+            continue;
+        }
+        let reps = r["reps"].as_array().unwrap();
+        assert_eq!(reps.len(), 1, "{what}");
+        let rep = &reps[0];
+        assert_eq!(rep["complete"], true, "{what}: {rep}");
+        if r["scenario"] == "synced" {
+            assert_eq!(rep["jobs_done"], rep["jobs_expected"], "{what}: {rep}");
+            assert_eq!(f(rep, "acquire_errors"), 0.0, "{what}: {rep}");
+            let replicas = r["params"]["synced_replicas"].as_u64().unwrap() as usize;
+            round_trips[replicas] = f(rep, "round_trips_per_job");
+            continue;
+        }
+        assert_eq!(f(rep, "grants_after_queued"), 0.0, "{what}: {rep}");
+        // every waiter was queued; Redis was watched and saw the heartbeats
+        let expected = if r["scenario"] == "idle" {
+            let p = &r["params"];
+            p["procs"].as_f64().unwrap() * p["jobs_per_proc"].as_f64().unwrap()
+        } else {
+            r["params"]["semaphores"].as_f64().unwrap()
+        };
+        assert_eq!(f(rep, "queued"), expected, "{what}: {rep}");
+        assert!(f(rep, "script_calls_per_s") > 0.0, "{what}: {rep}");
+        assert!(f(rep, "redis_cpu_pct") >= 0.0, "{what}: {rep}");
+        assert!(f(rep, "window_s") >= 1.0, "{what}: {rep}");
+        if r["scenario"] == "idle" {
+            waiters.push(expected);
+        }
+    }
+    assert!(waiters.windows(2).all(|w| w[0] < w[1]), "{waiters:?}");
+    // synced mode: one more script call and a WAIT per grant (the same fixed costs otherwise)
+    assert!(
+        round_trips[1] - round_trips[0] > 1.5,
+        "round trips per cycle, plain and synced: {round_trips:?}"
+    );
+}
+
+#[test]
+fn every_design_and_scenario_runs_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("svg");
+    let (stdout, report) = bench(&[
+        "run",
+        "--scenarios",
+        "all",
+        "--designs",
+        "all",
+        "--reps",
+        "1",
+        "--jobs-scale",
+        "0.05",
+        "--start-margin-ms",
+        "300",
+        "--crash-lease-ms",
+        "1000",
+        "--give-up-s",
+        "3",
+        "--memory-settle-ms",
+        "500",
+        "--svg-dir",
+        svg.to_str().unwrap(),
+    ]);
     for s in ["base", "crash", "scale", "throughput", "handoff", "memory"] {
         assert!(
             stdout.contains(&format!("## Scenario `{s}`")),
@@ -58,7 +157,6 @@ fn every_design_and_scenario_runs_correctly() {
         );
     }
 
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 6 * 5, "every scenario x design has an entry");
     for r in results {

@@ -28,6 +28,10 @@ pub struct ServerOptions {
     pub password: Option<String>,
     /// `--enable-debug-command yes` (the default) so tests can use `DEBUG`.
     pub enable_debug: bool,
+    /// Start the server in a process group of its own (default: the caller's), so that a
+    /// terminal's Ctrl-C reaches only the program that started it, which can then stop its
+    /// other processes before the server (the benchmark does this).
+    pub own_process_group: bool,
 }
 
 impl Default for ServerOptions {
@@ -37,6 +41,7 @@ impl Default for ServerOptions {
             acl_users: Vec::new(),
             password: None,
             enable_debug: true,
+            own_process_group: false,
         }
     }
 }
@@ -312,6 +317,10 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(stdio.try_clone().unwrap())
             .stderr(stdio);
+        if self.opts.own_process_group {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
         let child = spawn(cmd).map_err(|e| {
             LaunchError::Failed(format!("cannot execute {}: {e}", self.binary.display()))
         })?;

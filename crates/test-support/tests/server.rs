@@ -115,6 +115,25 @@ fn debug_can_be_disabled_and_extra_args_are_passed() {
 }
 
 #[test]
+fn a_server_runs_in_the_callers_process_group_unless_asked_for_its_own() {
+    // SAFETY: getpgid(2) only reads.
+    let pgid = |pid: u32| unsafe { libc::getpgid(pid as libc::pid_t) };
+    let ours = pgid(std::process::id());
+    let shared = Server::start(Flavor::Redis);
+    assert_eq!(pgid(shared.pid()), ours);
+    let own = Server::start_with(
+        Flavor::Redis,
+        ServerOptions {
+            own_process_group: true,
+            ..ServerOptions::default()
+        },
+    );
+    assert_eq!(pgid(own.pid()), own.pid() as libc::pid_t);
+    assert_ne!(pgid(own.pid()), ours);
+    assert_eq!(own.cmd(&["PING"]).as_str(), Some("PONG"));
+}
+
+#[test]
 fn a_password_protects_the_default_user_and_cmd_authenticates() {
     for flavor in flavors() {
         let opts = ServerOptions {

@@ -162,6 +162,8 @@ pub struct Params {
     pub limit: u32,
     /// Lease (TTL) in milliseconds, for the designs that have one.
     pub lease_ms: u64,
+    /// `redsem` only: grants wait for this many replicas (synced mode; 0 = off).
+    pub synced_replicas: u32,
 }
 
 /// Why one acquire attempt failed (the worker retries and counts it).
@@ -226,6 +228,30 @@ impl Semaphore {
             }
             DesignKind::Redsem => Semaphore::Redsem(self::redsem::RedsemSemaphore::open(p).await?),
         })
+    }
+
+    /// Opens `count` semaphores named `NAME-0` .. `NAME-<count-1>` (just `NAME` when `count`
+    /// is 1, as [`Semaphore::open`]). The library's share one client, as one process using many
+    /// semaphores would; each baseline opens its own connection(s) per semaphore.
+    pub async fn open_many(
+        kind: DesignKind,
+        p: &Params,
+        count: u32,
+    ) -> anyhow::Result<Vec<Semaphore>> {
+        if count <= 1 {
+            return Ok(vec![Semaphore::open(kind, p).await?]);
+        }
+        let names: Vec<String> = (0..count).map(|i| format!("{}-{i}", p.name)).collect();
+        if kind == DesignKind::Redsem {
+            let sems = self::redsem::RedsemSemaphore::open_many(p, &names).await?;
+            return Ok(sems.into_iter().map(Semaphore::Redsem).collect());
+        }
+        let mut sems = Vec::with_capacity(names.len());
+        for name in names {
+            let p = Params { name, ..p.clone() };
+            sems.push(Semaphore::open(kind, &p).await?);
+        }
+        Ok(sems)
     }
 
     /// Waits for a slot.

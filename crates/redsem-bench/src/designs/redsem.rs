@@ -1,6 +1,7 @@
 //! The `redsem` library (crates/redsem) as a design, used exactly as its documentation shows:
 //! one [`redsem::Client`] per process (two connections: commands and RESP3 pushes), one
-//! semaphore handle opened with the contract's limit and lease, every other setting at the
+//! semaphore handle (one per semaphore with the worker's `--semaphores`) opened with the
+//! contract's limit and lease, every other setting at the
 //! library's defaults (renewal every lease/3, 1 s fallback poll). The worker releases with
 //! [`redsem::Permit::release`]`.await`, so `done_ns` is after the release round trip.
 
@@ -8,14 +9,18 @@ use std::time::Duration;
 
 use super::{AcquireError, Params};
 
+/// How long a synced grant waits for its replicas (the `synced` scenario).
+pub const SYNCED_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Whether the library's design can run.
 pub const AVAILABLE: bool = true;
 
 /// Top-level commands the library's clients send besides script calls (see
 /// [`DesignKind::sent_commands`](super::DesignKind::sent_commands)): the notifier's
-/// (un)subscriptions. Every state change is a script call (`EVALSHA`, `EVAL` or `SCRIPT LOAD`
+/// (un)subscriptions, and in synced mode the `WAIT` after each grant's confirmation (never
+/// sent otherwise). Every state change is a script call (`EVALSHA`, `EVAL` or `SCRIPT LOAD`
 /// after a NOSCRIPT); its health-check `PING`s are not the semaphore's work.
-pub const TOP_LEVEL: &[&str] = &["subscribe", "unsubscribe"];
+pub const TOP_LEVEL: &[&str] = &["subscribe", "unsubscribe", "wait"];
 
 /// The library's permit.
 pub type RedsemPermit = redsem::Permit;
@@ -29,14 +34,42 @@ pub struct RedsemSemaphore {
 impl RedsemSemaphore {
     /// Connects the client and opens the semaphore (SUBSCRIBE + one script).
     pub async fn open(p: &Params) -> anyhow::Result<Self> {
-        let client = redsem::Client::connect(&p.redis_url).await?;
+        let client = Self::client(p).await?;
+        Self::open_with(&client, p).await
+    }
+
+    /// The process's client; with `synced_replicas` > 0 in synced mode (1 s to acknowledge).
+    async fn client(p: &Params) -> anyhow::Result<redsem::Client> {
+        let mut b = redsem::Client::builder(p.redis_url.as_str());
+        if p.synced_replicas > 0 {
+            b = b.synced_replicas(p.synced_replicas, SYNCED_TIMEOUT);
+        }
+        Ok(b.build().await?)
+    }
+
+    /// Opens one semaphore per name through one client, as a process that uses many
+    /// semaphores would.
+    pub async fn open_many(p: &Params, names: &[String]) -> anyhow::Result<Vec<Self>> {
+        let client = Self::client(p).await?;
+        let mut sems = Vec::with_capacity(names.len());
+        for name in names {
+            let p = Params {
+                name: name.clone(),
+                ..p.clone()
+            };
+            sems.push(Self::open_with(&client, &p).await?);
+        }
+        Ok(sems)
+    }
+
+    async fn open_with(client: &redsem::Client, p: &Params) -> anyhow::Result<Self> {
         let sem = client
             .semaphore(p.name.as_str(), p.limit)
             .lease(Duration::from_millis(p.lease_ms))
             .open()
             .await?;
         Ok(RedsemSemaphore {
-            _client: client,
+            _client: client.clone(),
             sem,
         })
     }
