@@ -165,6 +165,12 @@ impl Permit {
     /// Releases the permit now and waits for Redis to confirm it (one round trip). Dropping
     /// the permit does the same in the background.
     ///
+    /// # Cancel safety
+    /// Dropping the future before it completes (a `select!`, a timeout) does not lose the
+    /// release: it is handed to the background task, as if the permit had been dropped. The
+    /// lease stops being renewed when the call starts, so at worst the slot frees when the
+    /// lease expires.
+    ///
     /// # Errors
     /// Connection errors; the release is then retried in the background, and the lease
     /// expires if Redis stays unreachable.

@@ -103,6 +103,11 @@ impl Semaphore {
 
     /// [`acquire`](Self::acquire) that gives up after `timeout`.
     ///
+    /// # Cancel safety
+    /// As for [`acquire`](Self::acquire): dropping the future, or the timeout running out,
+    /// gives up the place in the queue and releases a grant that arrived meanwhile (in the
+    /// background). A grant that arrives as the timeout runs out is released, never leaked.
+    ///
     /// # Errors
     /// [`Error::Timeout`] when no permit was granted in time (its place in the queue is
     /// given up); otherwise as [`acquire`](Self::acquire).
@@ -111,6 +116,9 @@ impl Semaphore {
     }
 
     /// [`acquire_many`](Self::acquire_many) that gives up after `timeout`.
+    ///
+    /// # Cancel safety
+    /// As for [`acquire_timeout`](Self::acquire_timeout).
     ///
     /// # Errors
     /// As [`acquire_timeout`](Self::acquire_timeout) and [`acquire_many`](Self::acquire_many).
@@ -123,6 +131,10 @@ impl Semaphore {
     /// Takes one permit only if one is free now and nobody is queued (FIFO: a free permit
     /// belongs to the head of the queue). One round trip; never queues.
     ///
+    /// # Cancel safety
+    /// Dropping the future before it completes leaves nothing behind: a grant made by a call
+    /// already sent is released in the background once its reply is in.
+    ///
     /// # Errors
     /// [`Error::NoPermits`] when it would have to wait; otherwise as
     /// [`acquire`](Self::acquire).
@@ -131,6 +143,9 @@ impl Semaphore {
     }
 
     /// Takes `n` permits only if they are free now and nobody is queued.
+    ///
+    /// # Cancel safety
+    /// As for [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire) and [`acquire_many`](Self::acquire_many).

@@ -1,11 +1,12 @@
-//! Cancel safety: a dropped acquire, a timed-out acquire, a dropped permit and a closed
-//! handle leave nothing behind in Redis.
+//! Cancel safety: a dropped acquire, a timed-out acquire, a dropped permit, a cancelled
+//! release and a closed handle leave nothing behind in Redis.
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
+use test_support::FaultProxy;
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -179,5 +180,106 @@ async fn local_cap_limits_this_process_share_of_the_queue() {
             .unwrap()
             .unwrap();
         drop(c);
+    }
+}
+
+/// One semaphore of the cancellation sweep, and how long it may take to be clean again.
+struct Sweep<'a> {
+    server: &'a Server,
+    sem: &'a redsem::Semaphore,
+    name: &'a str,
+    limit: u32,
+    within: Duration,
+}
+
+impl Sweep<'_> {
+    /// Waits (for at most `within`) until the semaphore has no holder, no waiter, no lease
+    /// and no record left in Redis, all its slots free, and nothing held or awaited locally;
+    /// panics naming `what` otherwise.
+    async fn assert_clean(&self, what: &str) {
+        let (server, name) = (self.server, self.name);
+        let clean = || {
+            entries(server, name) == [0, 0, 0, 0]
+                && card(server, name, "free") == i64::from(self.limit)
+                && self.sem.local_counts() == (0, 0)
+        };
+        assert!(
+            eventually(self.within, clean).await,
+            "{what}: (slots, queue, leases, records) = {:?}, free slots {}, local (holders, waiters) {:?}",
+            entries(server, name),
+            card(server, name, "free"),
+            self.sem.local_counts()
+        );
+    }
+}
+
+/// Cancels acquisitions and releases after 0, 1, 2 … 30 ms, through a proxy that delays
+/// every chunk both ways, so that the cancellation lands at every stage of a call: before
+/// it is sent, in flight, after Redis answered. After each, nothing may be left in Redis
+/// or held locally for longer than one renewal interval (the lease is three).
+#[tokio::test]
+async fn cancelling_acquire_or_release_at_any_moment_leaves_nothing_behind() {
+    const LIMIT: u32 = 2;
+    let lease = Duration::from_secs(15);
+    let renewal = lease / 3;
+    let name = "cancel-sweep";
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let proxied = redsem::Client::builder(proxy.url())
+            .connect_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let sem = open(&proxied, name, LIMIT, lease).await;
+        let blocker_client = client(&server).await;
+        let blocker_sem = open(&blocker_client, name, LIMIT, lease).await;
+        let sweep = Sweep {
+            server: &server,
+            sem: &sem,
+            name,
+            limit: LIMIT,
+            within: renewal,
+        };
+        proxy.latency(Duration::from_millis(3));
+        for ms in 0..=30 {
+            let t = Duration::from_millis(ms);
+            let after = |what: &str| format!("{what} cancelled after {ms} ms");
+
+            // a held permit whose release is cancelled at t
+            let permit = sem.acquire_many(LIMIT).await.unwrap();
+            let _ = tokio::time::timeout(t, permit.release()).await;
+            sweep.assert_clean(&after("release")).await;
+
+            // an acquire granted at once, cancelled at t; if it won, its release too
+            if let Ok(Ok(permit)) = tokio::time::timeout(t, sem.acquire()).await {
+                let _ = tokio::time::timeout(t, permit.release()).await;
+            }
+            sweep.assert_clean(&after("acquire")).await;
+
+            // a try_acquire cancelled at t
+            if let Ok(Ok(permit)) = tokio::time::timeout(t, sem.try_acquire()).await {
+                drop(permit);
+            }
+            sweep.assert_clean(&after("try_acquire")).await;
+
+            // acquisitions that queue behind another holder, cancelled or timed out at t
+            let blocker = blocker_sem.acquire_many(LIMIT).await.unwrap();
+            let cancelled = tokio::time::timeout(t, sem.acquire()).await;
+            assert!(cancelled.is_err(), "granted while all permits are held");
+            let timed_out = sem.acquire_timeout(t).await;
+            assert!(
+                matches!(timed_out, Err(redsem::Error::Timeout(_))),
+                "{timed_out:?}"
+            );
+            assert!(
+                eventually(renewal, || card(&server, name, "queue") == 0
+                    && sem.local_counts() == (0, 0))
+                .await,
+                "a waiter cancelled after {ms} ms stayed in the queue"
+            );
+            blocker.release().await.unwrap();
+            sweep.assert_clean(&after("queued acquire")).await;
+        }
     }
 }

@@ -74,23 +74,24 @@ impl Held {
 
     /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,
     /// the release is retried in the background.
+    ///
+    /// Cancel safe: the entry counts as released only once Redis confirmed it. Until then,
+    /// dropping this future (or an error) leaves `released` unset, and [`Drop`] hands the
+    /// release to the background releaser. The heartbeat stops renewing at once: the entry
+    /// is going either way.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
-        self.released = true;
         self.handle.table.forget_holder(&self.id);
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
         match scripts::release(&mut conn, &target, &[&self.id], false).await {
             Ok(_) => {
+                self.released = true;
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,
                     ticket = self.grant.ticket, slots = ?self.grant.slots, "released");
                 Ok(())
             }
-            Err(e) => {
-                self.handle
-                    .table
-                    .release_in_background(std::mem::take(&mut self.id));
-                Err(Error::from_call(e, self.handle.name()))
-            }
+            // `released` unset: dropping `self` retries in the background
+            Err(e) => Err(Error::from_call(e, self.handle.name())),
         }
     }
 
