@@ -61,7 +61,8 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a URL that does not parse, [`Error::Unreachable`] when
-    /// no connection could be made within the connect timeout (3 s by default),
+    /// the connections could not be made within the connect timeout (3 s by default, for
+    /// both connections together),
     /// [`Error::Auth`] for wrong credentials.
     pub async fn connect(url: &str) -> Result<Client, Error> {
         ClientBuilder::new(url).build().await
@@ -165,7 +166,8 @@ impl ClientBuilder {
     }
 
     /// How long [`build`](Self::build) tries to reach Redis before failing with
-    /// [`Error::Unreachable`] (default 3 s).
+    /// [`Error::Unreachable`] (default 3 s): one bound for the whole connect, both
+    /// connections (commands and notifications) and their retries included.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self

@@ -144,6 +144,29 @@ async fn unreachable_redis_fails_within_the_connect_timeout() {
     );
 }
 
+/// A server that accepts connections and never answers: the whole connect (command and
+/// subscriber connections, the client's retries included) gives up after one connect
+/// timeout, as documented. Paused time: the clock jumps from timer to timer, so the bound is
+/// exact whatever the load of the machine.
+#[tokio::test(start_paused = true)]
+async fn a_server_that_never_answers_fails_after_one_connect_timeout() {
+    // listening (the kernel completes the handshakes) but never accepting nor answering
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let timeout = Duration::from_secs(3);
+    let started = tokio::time::Instant::now();
+    let err = redsem::Client::builder(format!("redis://{}/", silent.local_addr().unwrap()))
+        .connect_timeout(timeout)
+        .build()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
+    assert!(
+        took <= timeout,
+        "gave up after {took:?} with a connect timeout of {timeout:?}"
+    );
+}
+
 #[tokio::test]
 async fn wrong_password_is_an_auth_error() {
     let server = Server::start_with(

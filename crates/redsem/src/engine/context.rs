@@ -44,7 +44,8 @@ pub(crate) struct ConnectSettings {
 }
 
 impl Context {
-    /// Connects both connections and starts the background tasks.
+    /// Connects both connections and starts the background tasks. The whole of it (both
+    /// connections, the client library's own retries included) gets one connect timeout.
     pub(crate) async fn connect(s: ConnectSettings) -> Result<Context, Error> {
         let shown = redact_url(&s.url);
         let backend = Backend::new(&s.url, s.pems, s.connect_timeout, s.response_timeout)?;
@@ -54,7 +55,7 @@ impl Context {
             let notifier = Notifier::connect(&backend, &conn).await?;
             Ok::<_, Error>((conn, notifier))
         };
-        let limit = s.connect_timeout * 2;
+        let limit = s.connect_timeout;
         let outcome = tokio::time::timeout(limit, connect).await;
         let (conn, (notifier, pushes)) = match outcome {
             Ok(Ok(connected)) => connected,
