@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | `redsem_acquire_wait_seconds` | histogram | | from the call to `acquire*`/`try_acquire*` to the grant (granted acquisitions only) |
 //! | `redsem_acquire_failures_total` | counter | `reason` = `timeout`, `no_permits`, `closed`, `too_many_permits`, `invalid_argument`, `error` | acquisitions that returned an error |
-//! | `redsem_grants_total` | counter | | permits granted to this process (one per acquisition) |
+//! | `redsem_grants_total` | counter | | acquisitions granted to this process: one per [`Permit`](crate::Permit), whatever its number of permits (an `acquire_many(3)` counts 1), like [`Stats::grants_total`](crate::Stats::grants_total) server-wide |
 //! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
 //! | `redsem_renewals_total` | counter | | batched renewal calls that reached Redis (one per heartbeat, whatever the number of leases) |
 //! | `redsem_renewals_failed_total` | counter | | batched renewal calls that failed or timed out (they are retried) |
@@ -22,7 +22,7 @@
 //! | `redsem_expiries_reaped_total` | counter (absolute) | | leases of holders and waiters reaped on expiry since the semaphore was created, *server-wide*: set from [`Semaphore::stats`](crate::Semaphore::stats) |
 //! | `redsem_releases_abandoned_total` | counter | | background releases given up after retries (the entries expire with their leases) |
 //! | `redsem_local_waiters` | gauge | | acquisitions of this process waiting now |
-//! | `redsem_local_holders` | gauge | | permits this process holds now |
+//! | `redsem_local_holders` | gauge | | [`Permit`](crate::Permit)s of this process alive now: one per granted acquisition, whatever its number of permits (an `acquire_many(3)` counts 1), like the holders of [`Semaphore::local_counts`](crate::Semaphore::local_counts); a lost permit counts until dropped |
 //!
 //! `redsem_leases_lost_total` and `redsem_releases_abandoned_total` should stay at zero in a
 //! healthy system: alert on their rate. A growing `redsem_expiries_reaped_total` means
@@ -32,7 +32,8 @@
 pub const ACQUIRE_WAIT_SECONDS: &str = "redsem_acquire_wait_seconds";
 /// Counter: acquisitions that returned an error, by `reason`.
 pub const ACQUIRE_FAILURES_TOTAL: &str = "redsem_acquire_failures_total";
-/// Counter: permits granted to this process.
+/// Counter: acquisitions granted to this process (one per [`Permit`](crate::Permit), whatever
+/// its number of permits).
 pub const GRANTS_TOTAL: &str = "redsem_grants_total";
 /// Histogram: seconds from grant to release, drop, detach or loss.
 pub const HOLD_SECONDS: &str = "redsem_hold_seconds";
@@ -49,7 +50,8 @@ pub const EXPIRIES_REAPED_TOTAL: &str = "redsem_expiries_reaped_total";
 pub const RELEASES_ABANDONED_TOTAL: &str = "redsem_releases_abandoned_total";
 /// Gauge: acquisitions of this process waiting now.
 pub const LOCAL_WAITERS: &str = "redsem_local_waiters";
-/// Gauge: permits this process holds now.
+/// Gauge: [`Permit`](crate::Permit)s of this process alive now (one per granted acquisition,
+/// whatever its number of permits).
 pub const LOCAL_HOLDERS: &str = "redsem_local_holders";
 
 /// Registers the unit and help text of every redsem metric with the installed recorder.
@@ -68,7 +70,11 @@ pub fn describe() {
         Unit::Count,
         "Acquisitions that returned an error, by reason"
     );
-    describe_counter!(GRANTS_TOTAL, Unit::Count, "Permits granted to this process");
+    describe_counter!(
+        GRANTS_TOTAL,
+        Unit::Count,
+        "Acquisitions granted to this process (one per Permit, whatever its number of permits)"
+    );
     describe_histogram!(
         HOLD_SECONDS,
         Unit::Seconds,
@@ -104,7 +110,11 @@ pub fn describe() {
         Unit::Count,
         "Acquisitions of this process waiting now"
     );
-    describe_gauge!(LOCAL_HOLDERS, Unit::Count, "Permits this process holds now");
+    describe_gauge!(
+        LOCAL_HOLDERS,
+        Unit::Count,
+        "Permit values of this process alive now (one per granted acquisition)"
+    );
 }
 
 pub(crate) use imp::*;
@@ -179,8 +189,8 @@ mod imp {
         }
     }
 
-    /// Counts one held permit in `redsem_local_holders` and records `redsem_hold_seconds`
-    /// when dropped.
+    /// Counts one `Permit` (whatever its number of permits) in `redsem_local_holders`, and
+    /// records `redsem_hold_seconds` when dropped.
     pub(crate) struct HoldTimer {
         sem: String,
         since: Instant,

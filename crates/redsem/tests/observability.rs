@@ -305,6 +305,37 @@ async fn metrics_count_grants_waits_holds_failures_and_expiries() {
     );
 }
 
+/// `redsem_grants_total` and `redsem_local_holders` count acquisitions (one per `Permit`),
+/// not permits: an `acquire_many(3)` counts once in each.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_local_holders_count_acquisitions_not_permits() {
+    use recorder::value;
+    capture();
+    let server = Server::start(Flavor::Redis);
+    let client = client(&server).await;
+    let sem = open(&client, "counted", 5, Duration::from_secs(5)).await;
+    let grants = || value("redsem_grants_total{semaphore=counted}");
+    let holders = || value("redsem_local_holders{semaphore=counted}");
+
+    let three = sem.acquire_many(3).await.unwrap();
+    assert_eq!(three.num_permits(), 3);
+    assert_eq!((grants(), holders()), (1.0, 1.0));
+    assert_eq!(sem.local_counts(), (1, 0));
+    let one = sem.acquire().await.unwrap();
+    assert_eq!((grants(), holders()), (2.0, 2.0));
+
+    three.release().await.unwrap();
+    assert_eq!((grants(), holders()), (2.0, 1.0));
+    drop(one);
+    assert_eq!((grants(), holders()), (2.0, 0.0));
+    assert_eq!(
+        sem.stats().await.unwrap().grants_total,
+        2,
+        "the server counts the same way"
+    );
+}
+
 /// A minimal `metrics` recorder: counters and gauges by `name{label=value,...}` (labels
 /// sorted), histograms as `...#count`, `...#sum` and `...#max`.
 #[cfg(feature = "metrics")]
