@@ -15,6 +15,10 @@
 //!   renewal has been confirmed by then, the permit is lost;
 //! - a poke (new waiter or holder, reconnect of the subscriber).
 //!
+//! After a failed renewal, everything but the holders' deadlines waits for the retry time,
+//! which backs off (200 ms, doubling, at most 2 s or one renewal interval): a Redis that
+//! refuses connections is not called in a loop.
+//!
 //! A renewal never re-creates an entry: an entry that expired is reported gone and its permit
 //! is lost.
 
@@ -32,8 +36,12 @@ use super::table::{Entries, Outcome, Table};
 use crate::error::LostReason;
 use crate::scripts::{self, Conn, EntryState};
 
-/// Delay before retrying a failed heartbeat.
+/// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
+/// [`RETRY_MAX`] (and never beyond one renewal interval).
 const RETRY: Duration = Duration::from_millis(200);
+
+/// Longest delay between two tries of a failing heartbeat.
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// How late after a lease's expiry (as Redis reported it) the heartbeat looks, so that the
 /// lease has expired by Redis's clock too.
@@ -48,8 +56,9 @@ const WAITERS_PER_CALL: usize = 512;
 pub(crate) struct Schedule {
     /// Check everything at once (set by a reconnect).
     force: bool,
-    /// Retry time after a failed heartbeat.
-    retry_at: Option<Instant>,
+    /// After failed heartbeats: when to try again, and the delay that led there (doubled
+    /// by the next failure).
+    retry: Option<(Instant, Duration)>,
     /// When a lease in Redis is due to expire (plus [`REAP_SLACK`]).
     next_check: Option<Instant>,
     /// Last time the waiters were checked.
@@ -60,7 +69,7 @@ impl Schedule {
     fn new() -> Schedule {
         Schedule {
             force: false,
-            retry_at: None,
+            retry: None,
             next_check: None,
             waiters_checked_at: Instant::now(),
         }
@@ -74,14 +83,21 @@ impl Schedule {
 
     /// A renewal call succeeded at `now`; the nearest expiry it reported is `next_expiry_ms`.
     fn succeeded(&mut self, now: Instant, next_expiry_ms: Option<u64>) {
-        self.retry_at = None;
+        self.retry = None;
         self.waiters_checked_at = now;
         self.next_check = next_expiry_ms.map(|ms| now + Duration::from_millis(ms) + REAP_SLACK);
     }
 
-    /// A renewal call failed at `now`: retry soon.
-    fn failed(&mut self, now: Instant) {
-        self.retry_at = Some(now + RETRY);
+    /// A renewal call failed at `now`: try again after [`RETRY`], doubling with every
+    /// further failure up to [`RETRY_MAX`] or one renewal interval, whichever is shorter.
+    fn failed(&mut self, now: Instant, timing: &Timing) {
+        let longest = RETRY_MAX.min(timing.renew_every);
+        let delay = match self.retry {
+            Some((_, last)) => last * 2,
+            None => RETRY,
+        }
+        .min(longest);
+        self.retry = Some((now + delay, delay));
     }
 
     /// When the heartbeat must run next given the table `st`, or `None` when the handle has
@@ -92,8 +108,14 @@ impl Schedule {
         if st.holders.is_empty() && !st.has_waiters() {
             return None;
         }
-        if let Some(r) = self.retry_at {
-            earliest(r);
+        if let Some((retry_at, _)) = self.retry {
+            // Failing: every renewal or check is overdue, and runs at the retry time. Only a
+            // holder's deadline (when it is declared lost) may come first.
+            earliest(retry_at);
+            for lease in st.holders.values() {
+                earliest(timing.deadline(lease.renewed_at()));
+            }
+            return at;
         }
         for lease in st.holders.values() {
             earliest(lease.renewed_at() + timing.renew_every);
@@ -329,12 +351,12 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         }
         Ok(Err(e)) => {
             tracing::warn!(semaphore = %hb.name(), error = %e, "heartbeat failed; retrying");
-            hb.schedule.lock().unwrap().failed(now);
+            hb.schedule.lock().unwrap().failed(now, &hb.timing);
             Call { ok: false, poked }
         }
         Err(_) => {
             tracing::warn!(semaphore = %hb.name(), "heartbeat timed out; retrying");
-            hb.schedule.lock().unwrap().failed(now);
+            hb.schedule.lock().unwrap().failed(now, &hb.timing);
             Call { ok: false, poked }
         }
     }
@@ -351,4 +373,152 @@ fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
     lease.lose(reason);
     // Whatever is left of the entry in Redis is removed (idempotent).
     hb.table.release_in_background(id.to_owned());
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::engine::table::Waiter;
+
+    const LEASE: Duration = Duration::from_secs(9);
+    const RENEW: Duration = Duration::from_secs(3);
+
+    fn timing(fallback: Duration) -> Timing {
+        Timing::new(LEASE, RENEW, fallback)
+    }
+
+    fn with_holder(renewed_at: Instant) -> Entries {
+        let mut st = Entries::default();
+        let lease = Arc::new(LeaseState::new(renewed_at));
+        st.holders.insert("h".into(), lease);
+        st
+    }
+
+    fn add_waiter(st: &mut Entries) {
+        let (tx, _rx) = oneshot::channel();
+        st.waiters.insert("w".into(), Waiter::new(tx, "test"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_to_look_after_means_no_wakeup() {
+        let schedule = Schedule::new();
+        assert_eq!(
+            schedule.next_wakeup(&Entries::default(), &timing(RENEW)),
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_is_renewed_one_renewal_interval_after_its_last_renewal() {
+        let schedule = Schedule::new();
+        let t0 = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let st = with_holder(t0);
+        // the renewal comes before the deadline (renewal ≤ lease / 2)
+        assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(t0 + RENEW));
+        st.holders["h"].renewed(t0 + RENEW);
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing(RENEW)),
+            Some(t0 + RENEW * 2)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_checked_every_fallback_or_renewal_interval_whichever_is_shorter() {
+        let t0 = Instant::now();
+        let schedule = Schedule::new();
+        let mut st = Entries::default();
+        add_waiter(&mut st);
+        let short = Duration::from_secs(1);
+        assert_eq!(schedule.next_wakeup(&st, &timing(short)), Some(t0 + short));
+        let long = Duration::from_secs(60);
+        assert_eq!(schedule.next_wakeup(&st, &timing(long)), Some(t0 + RENEW));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reported_lease_expiry_wakes_waiters_just_after_it() {
+        let t0 = Instant::now();
+        let mut schedule = Schedule::new();
+        schedule.lease_expires_in(500);
+        schedule.lease_expires_in(800); // the earliest wins
+        let mut st = with_holder(t0);
+        // holders alone do not care: nobody waits for the slot
+        assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(t0 + RENEW));
+        add_waiter(&mut st);
+        let at = t0 + Duration::from_millis(500) + REAP_SLACK;
+        assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(at));
+        // a successful renewal replaces it with the expiry it reports
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let now = Instant::now();
+        schedule.succeeded(now, None);
+        assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(t0 + RENEW));
+        schedule.succeeded(now, Some(50));
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing(RENEW)),
+            Some(now + Duration::from_millis(50) + REAP_SLACK)
+        );
+    }
+
+    /// A renewal that fails at once (Redis refusing connections) must not be retried in a
+    /// tight loop: the renewal it retries is overdue, yet the next try waits for the retry
+    /// time, which backs off, and a holder is still declared lost at its deadline.
+    #[tokio::test(start_paused = true)]
+    async fn failed_renewals_back_off_instead_of_retrying_at_once() {
+        let t0 = Instant::now();
+        let timing = timing(Duration::from_secs(1));
+        let mut schedule = Schedule::new();
+        let mut st = with_holder(t0);
+        add_waiter(&mut st);
+        schedule.lease_expires_in(10);
+        tokio::time::advance(RENEW).await; // the renewal is due, and fails
+        let mut delays = Vec::new();
+        loop {
+            let now = Instant::now();
+            schedule.failed(now, &timing);
+            let next = schedule.next_wakeup(&st, &timing).unwrap();
+            assert!(next > now, "retried at once");
+            if next == timing.deadline(t0) {
+                break; // then the holder is lost
+            }
+            delays.push(next - now);
+            tokio::time::advance(next - now).await;
+        }
+        let ms: Vec<u128> = delays.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [200, 400, 800, 1600, 2000]);
+        // once a renewal succeeds, the schedule is the usual one again
+        let now = Instant::now();
+        st.holders["h"].renewed(now);
+        schedule.succeeded(now, None);
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing),
+            Some(now + Duration::from_secs(1))
+        );
+        schedule.failed(now, &timing);
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing),
+            Some(now + RETRY),
+            "the backoff starts over"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_never_exceeds_one_renewal_interval() {
+        let short = Timing::new(
+            Duration::from_millis(600),
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+        );
+        let mut schedule = Schedule::new();
+        let mut st = Entries::default();
+        add_waiter(&mut st);
+        for _ in 0..5 {
+            schedule.failed(Instant::now(), &short);
+        }
+        assert_eq!(
+            schedule.next_wakeup(&st, &short),
+            Some(Instant::now() + Duration::from_millis(300))
+        );
+    }
 }
