@@ -17,9 +17,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::releaser::Releaser;
-use super::remote::Remote;
+use super::remote::{Calls, Remote};
 use crate::error::CallResult;
-use crate::scripts::{self, AcquireArgs, AcquireReply, Conn};
+use crate::scripts::{AcquireArgs, AcquireReply};
 
 /// Most acquisitions sent in one script call.
 const ACQUIRES_PER_CALL: usize = 256;
@@ -42,10 +42,11 @@ pub(crate) struct RequestSettings {
 }
 
 /// Starts the batching task of one semaphore handle; it ends when the sender is dropped.
+/// `conn`: a connection (or a stand-in, in the unit tests).
 pub(crate) fn spawn(
     remote: Arc<Remote>,
     closed: CancellationToken,
-    conn: Conn,
+    conn: impl Calls,
     releaser: Releaser,
     settings: RequestSettings,
 ) -> mpsc::UnboundedSender<Request> {
@@ -58,7 +59,7 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
     remote: Arc<Remote>,
     closed: CancellationToken,
-    mut conn: Conn,
+    mut conn: impl Calls,
     releaser: Releaser,
     settings: RequestSettings,
 ) {
@@ -85,7 +86,7 @@ async fn run(
                 try_only: r.try_only,
             })
             .collect();
-        let result = scripts::acquire(&mut conn, &remote.target(), &args).await;
+        let result = conn.acquire(&remote, &args).await;
         drop(args);
         let replies: Vec<CallResult<AcquireReply>> = match result {
             Ok(replies) => replies.into_iter().map(Ok).collect(),
@@ -101,5 +102,173 @@ async fn run(
                 releaser.release(&remote, req.id.to_string());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::releaser::Job;
+    use crate::keys::Keys;
+
+    /// Answers every request `Queued`, with tickets in the order the requests were sent,
+    /// after `delay`; records the ids of each call.
+    #[derive(Clone)]
+    struct Recorder {
+        delay: Duration,
+        calls: Arc<Mutex<Vec<Vec<String>>>>,
+        tickets: Arc<Mutex<u64>>,
+    }
+
+    impl Calls for Recorder {
+        async fn acquire(
+            &mut self,
+            _: &Remote,
+            batch: &[AcquireArgs<'_>],
+        ) -> CallResult<Vec<AcquireReply>> {
+            let ids = batch.iter().map(|a| a.id.to_owned()).collect();
+            self.calls.lock().unwrap().push(ids);
+            let replies = batch
+                .iter()
+                .map(|_| {
+                    let mut t = self.tickets.lock().unwrap();
+                    *t += 1;
+                    AcquireReply::Queued {
+                        ticket: *t,
+                        next_expiry_ms: None,
+                    }
+                })
+                .collect();
+            tokio::time::sleep(self.delay).await;
+            Ok(replies)
+        }
+
+        async fn release(&mut self, _: &Remote, _: &[&str]) -> CallResult<u64> {
+            unreachable!("the batching task hands releases to the releaser")
+        }
+    }
+
+    struct Task {
+        tx: mpsc::UnboundedSender<Request>,
+        closed: CancellationToken,
+        calls: Arc<Mutex<Vec<Vec<String>>>>,
+        released: mpsc::UnboundedReceiver<Job>,
+    }
+
+    fn start() -> Task {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let recorder = Recorder {
+            delay: Duration::from_millis(10),
+            calls: calls.clone(),
+            tickets: Default::default(),
+        };
+        let (releaser, released) = Releaser::detached();
+        let closed = CancellationToken::new();
+        let remote = Arc::new(Remote::new(
+            Keys::new("redsem", "b").unwrap(),
+            10,
+            "PUBLISH",
+        ));
+        let settings = RequestSettings {
+            lease_ms: 1000,
+            wait_lease_ms: 1000,
+            channel_id: "c.0".into(),
+            label: String::new(),
+        };
+        let tx = spawn(remote, closed.clone(), recorder, releaser, settings);
+        Task {
+            tx,
+            closed,
+            calls,
+            released,
+        }
+    }
+
+    fn request(task: &Task, id: &str) -> oneshot::Receiver<CallResult<AcquireReply>> {
+        let (reply, rx) = oneshot::channel();
+        let request = Request {
+            id: id.into(),
+            n: 1,
+            try_only: false,
+            reply,
+        };
+        task.tx.send(request).unwrap();
+        rx
+    }
+
+    fn ticket(reply: CallResult<AcquireReply>) -> u64 {
+        match reply {
+            Ok(AcquireReply::Queued { ticket, .. }) => ticket,
+            _ => panic!("not queued"),
+        }
+    }
+
+    fn calls(task: &Task) -> Vec<Vec<String>> {
+        task.calls.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_made_during_a_call_leave_together_in_arrival_order() {
+        let task = start();
+        let first = request(&task, "r0");
+        tokio::task::yield_now().await; // r0 leaves at once
+        let rest: Vec<_> = ["r1", "r2", "r3", "r4", "r5"]
+            .iter()
+            .map(|id| request(&task, id))
+            .collect();
+        assert_eq!(ticket(first.await.unwrap()), 1);
+        let mut tickets = Vec::new();
+        for rx in rest {
+            tickets.push(ticket(rx.await.unwrap()));
+        }
+        assert_eq!(tickets, [2, 3, 4, 5, 6], "tickets follow the arrival order");
+        assert_eq!(
+            calls(&task),
+            [vec!["r0"], vec!["r1", "r2", "r3", "r4", "r5"]]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_dropped_before_it_was_sent_is_skipped() {
+        let mut task = start();
+        let first = request(&task, "r0");
+        tokio::task::yield_now().await;
+        let a = request(&task, "a");
+        drop(request(&task, "dropped"));
+        let b = request(&task, "b");
+        first.await.unwrap().unwrap();
+        assert_eq!(ticket(a.await.unwrap()), 2);
+        assert_eq!(ticket(b.await.unwrap()), 3);
+        assert_eq!(calls(&task), [vec!["r0"], vec!["a", "b"]]);
+        assert!(task.released.try_recv().is_err(), "nothing to release");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_dropped_in_flight_is_released_once_its_call_returned() {
+        let mut task = start();
+        let rx = request(&task, "in-flight");
+        tokio::task::yield_now().await; // sent
+        drop(rx);
+        assert!(
+            task.released.try_recv().is_err(),
+            "not before the call returned"
+        );
+        match task.released.recv().await {
+            Some(Job::Release { id, .. }) => assert_eq!(id, "in-flight"),
+            _ => panic!("no release"),
+        }
+        assert_eq!(calls(&task), [vec!["in-flight"]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_sent_once_the_handle_is_closed() {
+        let task = start();
+        task.closed.cancel();
+        let rx = request(&task, "late");
+        assert!(rx.await.is_err(), "answered Closed (sender dropped)");
+        assert!(calls(&task).is_empty());
     }
 }

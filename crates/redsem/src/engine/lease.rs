@@ -128,3 +128,70 @@ impl LeaseState {
         &self.token
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_may_have_ended_from_lease_minus_margin_after_its_confirmation() {
+        let timing = Timing::new(
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        assert_eq!(timing.margin, Duration::from_millis(300), "a tenth");
+        let confirmed = Instant::now();
+        assert_eq!(
+            timing.deadline(confirmed),
+            confirmed + Duration::from_millis(2700)
+        );
+        tokio::time::advance(Duration::from_millis(2699)).await;
+        assert!(!timing.may_have_ended(confirmed));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(timing.may_have_ended(confirmed), "at the deadline");
+        // a later confirmation moves it
+        assert!(!timing.may_have_ended(confirmed + Duration::from_secs(1)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_margin_is_a_tenth_of_the_lease_and_at_most_one_second() {
+        let long = Timing::new(
+            Duration::from_secs(60),
+            Duration::from_secs(20),
+            Duration::from_secs(1),
+        );
+        assert_eq!(long.margin, Duration::from_secs(1));
+        let confirmed = Instant::now();
+        tokio::time::advance(Duration::from_secs(58)).await;
+        assert!(!long.may_have_ended(confirmed));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(long.may_have_ended(confirmed));
+    }
+
+    #[test]
+    fn waiters_are_checked_at_least_every_renewal_interval() {
+        let t = |fallback| {
+            Timing::new(Duration::from_secs(9), Duration::from_secs(3), fallback).waiter_check()
+        };
+        assert_eq!(t(Duration::from_secs(1)), Duration::from_secs(1));
+        assert_eq!(t(Duration::from_secs(30)), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_never_moves_the_confirmation_back() {
+        let t0 = Instant::now();
+        let lease = LeaseState::new(t0);
+        lease.renewed(t0 + Duration::from_secs(2));
+        lease.renewed(t0 + Duration::from_secs(1)); // an older call answering late
+        assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
+        lease.lose(LostReason::Unreachable);
+        lease.lose(LostReason::NotHolder);
+        assert_eq!(
+            lease.lost_reason(),
+            Some(LostReason::Unreachable),
+            "first wins"
+        );
+        assert!(lease.token().is_cancelled());
+    }
+}

@@ -11,7 +11,7 @@
 //! | file | what |
 //! |---|---|
 //! | `lease.rs` | `Timing` (lease, renewal, margins) and the state of one held lease |
-//! | `remote.rs` | `Remote`: one semaphore in Redis (keys, last limit seen) |
+//! | `remote.rs` | `Remote`: one semaphore in Redis (keys, last limit seen); `Calls`, the script calls of background work |
 //! | `notifier.rs` | the subscriber connection; routes messages to a `Listener` per channel |
 //! | `releaser.rs` | the background releaser (what `Drop` may not do) |
 //! | `batch.rs` | the batching task: concurrent acquisitions share one script call |

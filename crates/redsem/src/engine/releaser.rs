@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::notifier::Notifier;
-use super::remote::Remote;
-use crate::scripts::{self, Conn};
+use super::remote::{Calls, Remote};
+use crate::scripts::Conn;
 
 /// Work for the releaser.
 pub(crate) enum Job {
@@ -38,6 +38,14 @@ impl Releaser {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(rx, conn, notifier));
         Releaser { tx }
+    }
+
+    /// A releaser with no task behind it: the jobs go to the returned receiver (for the
+    /// unit tests of the tasks that send them).
+    #[cfg(test)]
+    pub(crate) fn detached() -> (Releaser, mpsc::UnboundedReceiver<Job>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Releaser { tx }, rx)
     }
 
     /// Never blocks, never panics; a closed channel means the runtime is gone and the lease
@@ -101,11 +109,13 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Not
     }
 }
 
-async fn release_with_retry(mut conn: Conn, remote: &Remote, ids: &[String]) {
+/// One release call for `ids`, tried [`ATTEMPTS`] times with a doubling delay (50 ms, at
+/// most 2 s) between tries.
+async fn release_with_retry(mut conn: impl Calls, remote: &Remote, ids: &[String]) {
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut delay = Duration::from_millis(50);
     for attempt in 1..=ATTEMPTS {
-        match scripts::release(&mut conn, &remote.target(), &refs, false).await {
+        match conn.release(remote, &refs).await {
             Ok(_) => return,
             Err(e) => {
                 tracing::warn!(semaphore = %remote.name(), attempt, error = %e, "background release failed");
@@ -119,4 +129,82 @@ async fn release_with_retry(mut conn: Conn, remote: &Remote, ids: &[String]) {
     tracing::warn!(semaphore = %remote.name(), entries = ids.len(),
         "giving up the background release: the entries will expire with their leases");
     crate::metrics::releases_abandoned(remote.name(), ids.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::error::{CallError, CallResult};
+    use crate::keys::Keys;
+    use crate::scripts::{AcquireArgs, AcquireReply};
+
+    /// When a release call was made, and the ids it carried.
+    type Call = (Instant, Vec<String>);
+
+    /// Fails the first `failures` release calls, and records each call.
+    #[derive(Clone)]
+    struct Flaky {
+        failures: u32,
+        calls: Arc<Mutex<Vec<Call>>>,
+    }
+
+    impl Calls for Flaky {
+        async fn acquire(
+            &mut self,
+            _: &Remote,
+            _: &[AcquireArgs<'_>],
+        ) -> CallResult<Vec<AcquireReply>> {
+            unreachable!("the releaser does not acquire")
+        }
+
+        async fn release(&mut self, _: &Remote, ids: &[&str]) -> CallResult<u64> {
+            let mut calls = self.calls.lock().unwrap();
+            calls.push((Instant::now(), ids.iter().map(|s| s.to_string()).collect()));
+            if calls.len() as u32 <= self.failures {
+                let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+                return Err(CallError::Redis(refused.into()));
+            }
+            Ok(ids.len() as u64)
+        }
+    }
+
+    /// The delays between the calls of one `release_with_retry` against `failures` failures.
+    async fn delays(failures: u32) -> (Vec<u128>, usize) {
+        let flaky = Flaky {
+            failures,
+            calls: Default::default(),
+        };
+        let remote = Remote::new(Keys::new("redsem", "r").unwrap(), 1, "PUBLISH");
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        release_with_retry(flaky.clone(), &remote, &ids).await;
+        let calls = flaky.calls.lock().unwrap();
+        assert!(
+            calls.iter().all(|(_, sent)| *sent == ids),
+            "one call for both"
+        );
+        let gaps = calls
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0).as_millis())
+            .collect();
+        (gaps, calls.len())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_that_succeeds_is_not_retried() {
+        assert_eq!(delays(0).await, (vec![], 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_release_is_retried_with_a_doubling_delay() {
+        assert_eq!(delays(2).await, (vec![50, 100], 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_that_keeps_failing_is_given_up_after_six_tries() {
+        assert_eq!(delays(100).await, (vec![50, 100, 200, 400, 800], 6));
+    }
 }

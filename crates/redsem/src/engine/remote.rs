@@ -1,9 +1,12 @@
-//! [`Remote`]: one semaphore as background work addresses it in Redis.
+//! [`Remote`]: one semaphore as background work addresses it in Redis, and [`Calls`]: the
+//! script calls that background work makes on it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::error::CallResult;
 use crate::keys::Keys;
-use crate::scripts::Target;
+use crate::scripts::{self, AcquireArgs, AcquireReply, Conn, Target};
 
 /// One semaphore in Redis as a handle and its background work address it: its keys, the
 /// last limit seen (mutable: updated by resize, stats and rejections; used to re-create the
@@ -45,5 +48,38 @@ impl Remote {
             limit: self.limit(),
             publish: self.publish,
         }
+    }
+}
+
+/// The script calls that the batching task and the releaser make: on Redis through a
+/// [`Conn`], or on a stand-in in the engine's unit tests, which then run without a server
+/// (and in paused time).
+pub(crate) trait Calls: Clone + Send + 'static {
+    /// Runs a batch of acquisitions in one `acquire.lua` call ([`scripts::acquire`]).
+    fn acquire(
+        &mut self,
+        remote: &Remote,
+        batch: &[AcquireArgs<'_>],
+    ) -> impl Future<Output = CallResult<Vec<AcquireReply>>> + Send;
+
+    /// Removes holders or queued waiters, not forced ([`scripts::release`]).
+    fn release(
+        &mut self,
+        remote: &Remote,
+        ids: &[&str],
+    ) -> impl Future<Output = CallResult<u64>> + Send;
+}
+
+impl Calls for Conn {
+    async fn acquire(
+        &mut self,
+        remote: &Remote,
+        batch: &[AcquireArgs<'_>],
+    ) -> CallResult<Vec<AcquireReply>> {
+        scripts::acquire(self, &remote.target(), batch).await
+    }
+
+    async fn release(&mut self, remote: &Remote, ids: &[&str]) -> CallResult<u64> {
+        scripts::release(self, &remote.target(), ids, false).await
     }
 }
