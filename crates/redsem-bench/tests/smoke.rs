@@ -55,8 +55,10 @@ fn idle_many_and_synced_run_at_a_tiny_size() {
         "1",
         "--jobs-scale",
         "0.002",
+        // three fallback polls (1 s each): a 1 s window can fall between two waiter checks and
+        // see no script call at all
         "--idle-window-s",
-        "1",
+        "3",
         "--idle-queue-timeout-s",
         "60",
         "--no-svg",
@@ -112,7 +114,7 @@ fn idle_many_and_synced_run_at_a_tiny_size() {
         assert_eq!(f(rep, "queued"), expected, "{what}: {rep}");
         assert!(f(rep, "script_calls_per_s") > 0.0, "{what}: {rep}");
         assert!(f(rep, "redis_cpu_pct") >= 0.0, "{what}: {rep}");
-        assert!(f(rep, "window_s") >= 1.0, "{what}: {rep}");
+        assert!(f(rep, "window_s") >= 3.0, "{what}: {rep}");
         if r["scenario"] == "idle" {
             waiters.push(expected);
         }
