@@ -167,14 +167,20 @@ pub fn normalize_url(url: &str) -> String {
 }
 
 /// Parses `10s`, `1m30s`, `250ms`, `2h` (humantime), or a plain number of seconds (`1.5`).
+/// Durations above [`redsem::MAX_DURATION`] (365 days) are refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        return Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("{s:?} is not a valid number of seconds"));
+    let d = if let Ok(secs) = s.parse::<f64>() {
+        Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{s:?} is not a valid number of seconds"))?
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("{s:?} is not a duration like 10s, 1m30s or 250ms ({e})"))?
+    };
+    if d > redsem::MAX_DURATION {
+        return Err(format!("{s:?} is longer than the maximum of 365 days"));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration like 10s, 1m30s or 250ms ({e})"))
+    Ok(d)
 }
 
 /// A short human duration: `340ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.
@@ -262,6 +268,12 @@ mod tests {
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("365d").is_ok());
+        assert!(
+            parse_duration("366d").is_err(),
+            "above redsem::MAX_DURATION"
+        );
+        assert!(parse_duration("1e300").is_err(), "not representable");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::client::Client;
 use crate::engine::{Handle, OpenSettings, Timing};
 use crate::error::Error;
-use crate::semaphore::{MAX_LIMIT, Semaphore};
+use crate::semaphore::{MAX_LIMIT, Semaphore, check_duration};
 
 /// Opens a [`Semaphore`]; made by [`Client::semaphore`].
 #[derive(Debug)]
@@ -94,6 +94,8 @@ impl SemaphoreBuilder {
                 self.limit
             ));
         }
+        check_duration("lease", self.lease)?;
+        check_duration("fallback poll interval", self.fallback_poll)?;
         if self.lease < Duration::from_millis(20) {
             return bad(format!(
                 "lease {:?} is shorter than the minimum of 20ms",
@@ -143,7 +145,9 @@ impl SemaphoreBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`]), lease,
-    /// renewal interval, local cap or label, before anything is sent;
+    /// renewal or poll interval (a lease or interval above
+    /// [`MAX_DURATION`](crate::MAX_DURATION) included), local cap or label, before anything
+    /// is sent;
     /// [`Error::LimitConflict`] when the semaphore exists with another limit;
     /// [`Error::WrongType`] when one of its keys holds a foreign value; connection and
     /// permission errors as they come.

@@ -248,6 +248,11 @@ impl ClientBuilder {
                 "connect and response timeouts must be greater than zero".into(),
             ));
         }
+        crate::semaphore::check_duration("connect timeout", self.connect_timeout)?;
+        crate::semaphore::check_duration("response timeout", self.response_timeout)?;
+        if let Some((_, timeout)) = self.synced {
+            crate::semaphore::check_duration("synced-mode timeout", timeout)?;
+        }
         if let Some((_, timeout)) = self.synced
             && timeout.is_zero()
         {

@@ -126,5 +126,5 @@ pub use error::{BackendError, Error, LostReason};
 pub use keys::Keys;
 pub use keys::MAX_NAME_LEN;
 pub use permit::{Fence, Permit};
-pub use semaphore::{MAX_LIMIT, Semaphore};
+pub use semaphore::{MAX_DURATION, MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, Stats, WaiterInfo};

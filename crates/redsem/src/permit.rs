@@ -103,9 +103,16 @@ impl Permit {
         &self.fences
     }
 
-    /// Whether the lease is known to be lost. Cheap, no I/O.
+    /// Whether the lease is lost, or could have run out in Redis: true once the heartbeat
+    /// declared it lost, and also once the local deadline (last confirmed renewal + lease −
+    /// safety margin) has passed, even if the heartbeat has not run since (a runtime busy
+    /// with blocking work starves it). Cheap, no I/O.
+    ///
+    /// In the second case [`lost`](Self::lost) resolves, and the
+    /// [`cancellation_token`](Self::cancellation_token) is cancelled, as soon as the
+    /// heartbeat runs again; `is_lost` does not wait for that.
     pub fn is_lost(&self) -> bool {
-        self.held.lease().lost_reason().is_some()
+        self.held.is_lost()
     }
 
     /// A future that resolves with the reason once the lease is lost, and never resolves if

@@ -16,6 +16,24 @@ use crate::stats::Stats;
 /// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
 pub const MAX_LIMIT: u32 = 100_000;
 
+/// Longest accepted lease, renewal or poll interval, and timeout: 365 days.
+///
+/// Durations are stored in Redis as milliseconds and added to this process's clock; the
+/// bound keeps both far from overflow (`Duration::MAX` would panic or wrap). Longer values
+/// are refused with [`Error::InvalidArgument`]; to wait without a time limit, use
+/// [`Semaphore::acquire`] instead of a huge timeout.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// [`Error::InvalidArgument`] when `d` (named `what`) is above [`MAX_DURATION`].
+pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
+    if d > MAX_DURATION {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {d:?} is longer than the maximum of 365 days (redsem::MAX_DURATION)"
+        )));
+    }
+    Ok(())
+}
+
 /// A fair (FIFO), crash-safe counting semaphore whose permits are shared by every process
 /// that opens it under the same name on the same Redis.
 ///
@@ -110,7 +128,9 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Timeout`] when no permit was granted in time (its place in the queue is
-    /// given up); otherwise as [`acquire`](Self::acquire).
+    /// given up); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`] (use
+    /// [`acquire`](Self::acquire) to wait without a limit); otherwise as
+    /// [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit, Error> {
         self.acquire_many_timeout(1, timeout).await
     }
@@ -123,6 +143,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire_timeout`](Self::acquire_timeout) and [`acquire_many`](Self::acquire_many).
     pub async fn acquire_many_timeout(&self, n: u32, timeout: Duration) -> Result<Permit, Error> {
+        check_duration("acquire timeout", timeout)?;
         let deadline = Instant::now() + timeout;
         self.acquire_inner(n, false, Some((deadline, timeout)))
             .await

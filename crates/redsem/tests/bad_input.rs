@@ -32,6 +32,16 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
         ("zero local cap", open("x", 1).local_cap(0)),
         ("long label", open("x", 1).label("l".repeat(201))),
+        // durations that cannot be represented: a panic or a wrap-around before
+        ("huge lease", open("x", 1).lease(Duration::MAX)),
+        (
+            "lease above MAX_DURATION",
+            open("x", 1).lease(redsem::MAX_DURATION + Duration::from_millis(1)),
+        ),
+        (
+            "huge fallback poll",
+            open("x", 1).fallback_poll(Duration::MAX),
+        ),
     ];
     for (what, builder) in cases {
         match builder.open().await {
@@ -63,8 +73,25 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         sem.resize(0).await,
         Err(Error::InvalidArgument(_))
     ));
+    for timeout in [Duration::MAX, redsem::MAX_DURATION + Duration::from_secs(1)] {
+        let r = sem.acquire_timeout(timeout).await;
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        let r = sem.acquire_many_timeout(2, timeout).await;
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    }
     assert_eq!(dbsize(&server), before);
     assert_eq!(entries(&server, "ok"), [0, 0, 0, 0]);
+
+    // the bound itself is accepted: the longest lease is one that Redis and the clocks carry
+    let long = client
+        .semaphore("long-lease", 1)
+        .lease(redsem::MAX_DURATION)
+        .open()
+        .await
+        .unwrap();
+    let p = long.acquire_timeout(redsem::MAX_DURATION).await.unwrap();
+    assert!(!p.is_lost());
+    p.release().await.unwrap();
 
     let bad_url = redsem::Client::connect("http://127.0.0.1:1/").await;
     assert!(
@@ -76,6 +103,14 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         .build()
         .await;
     assert!(matches!(bad_prefix, Err(Error::InvalidArgument(_))));
+    for builder in [
+        redsem::Client::builder(server.url()).connect_timeout(Duration::MAX),
+        redsem::Client::builder(server.url()).response_timeout(Duration::MAX),
+        redsem::Client::builder(server.url()).synced_replicas(1, Duration::MAX),
+    ] {
+        let r = builder.build().await;
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    }
 }
 
 #[tokio::test]

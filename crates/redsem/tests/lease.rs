@@ -310,3 +310,37 @@ async fn an_unreachable_redis_makes_the_permit_lost_before_its_lease_ends() {
         assert!(after > lease / 2, "declared lost too early: {after:?}");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn is_lost_says_so_once_the_local_deadline_passed_even_if_the_heartbeat_is_starved() {
+    let server = Server::start(Flavor::Redis);
+    let client = client(&server).await;
+    let sem = client
+        .semaphore("starved", 1)
+        .lease(Duration::from_millis(300))
+        .renew_every(Duration::from_millis(100))
+        .open()
+        .await
+        .unwrap();
+    let permit = sem.acquire().await.unwrap();
+    assert!(!permit.is_lost());
+    // Blocking work on the only runtime thread: the heartbeat cannot renew, and the lease
+    // runs out in Redis (lease 300 ms, blocked for 900 ms).
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(
+        permit.is_lost(),
+        "the local deadline has passed with no confirmed renewal"
+    );
+    // Once the runtime is free again, the heartbeat reports the loss too.
+    let reason = tokio::time::timeout(Duration::from_secs(10), permit.lost())
+        .await
+        .expect("the heartbeat declares the permit lost once it runs");
+    assert!(
+        matches!(
+            reason,
+            redsem::LostReason::NotHolder | redsem::LostReason::Unreachable
+        ),
+        "{reason:?}"
+    );
+    assert!(permit.is_lost());
+}

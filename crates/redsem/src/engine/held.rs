@@ -72,6 +72,12 @@ impl Held {
         &self.lease
     }
 
+    /// Lost, or past the local deadline of its last confirmed renewal (whether or not the
+    /// heartbeat has run since).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lease.is_lost() || self.handle.lease_may_have_ended(self.lease.renewed_at())
+    }
+
     /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,
     /// the release is retried in the background.
     ///
