@@ -20,6 +20,9 @@ use crate::error::Error;
 /// Longest accepted semaphore name, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
 
+/// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
+pub const MAX_LIMIT: u32 = 100_000;
+
 /// The names of one semaphore's keys and of its notification channels.
 #[derive(Clone, Debug)]
 #[doc(hidden)]

@@ -13,8 +13,7 @@ use crate::permit::Permit;
 use crate::scripts;
 use crate::stats::Stats;
 
-/// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
-pub const MAX_LIMIT: u32 = 100_000;
+pub use crate::keys::MAX_LIMIT;
 
 /// Longest accepted lease, renewal or poll interval, and timeout: 365 days.
 ///
@@ -113,7 +112,8 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for `n == 0`; [`Error::TooManyPermits`] when `n` exceeds
-    /// the limit (checked before queueing, and again if the limit shrinks below `n` while
+    /// the limit stored in Redis (checked by the script before queueing, so a limit raised
+    /// by another process counts at once; and again if the limit shrinks below `n` while
     /// waiting); otherwise as [`acquire`](Self::acquire).
     pub async fn acquire_many(&self, n: u32) -> Result<Permit, Error> {
         self.acquire_inner(n, false, None).await

@@ -320,3 +320,32 @@ async fn stats_list_holders_and_waiters_in_queue_order() {
         w2.await.unwrap().unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_limit_raised_by_another_process_counts_at_once() {
+    for server in servers() {
+        let a = client(&server).await;
+        let b = client(&server).await;
+        let sem_a = open(&a, "grown", 4, Duration::from_secs(10)).await;
+        let sem_b = open(&b, "grown", 4, Duration::from_secs(10)).await;
+        assert_eq!(sem_b.resize(8).await.unwrap(), 4);
+        // `a` last saw 4: its request for 6 goes to Redis, which knows 8
+        let p = sem_a.acquire_many(6).await.unwrap();
+        assert_eq!(p.slots(), [0, 1, 2, 3, 4, 5], "{}", server.flavor());
+        drop(p);
+        // and one above the stored limit is still refused, naming the stored limit
+        match sem_a.try_acquire_many(9).await {
+            Err(redsem::Error::TooManyPermits {
+                requested: 9,
+                limit: 8,
+                ..
+            }) => {}
+            other => panic!("{}: {other:?}", server.flavor()),
+        }
+        assert_eq!(
+            sem_a.limit(),
+            8,
+            "the refusal's reply carries the stored limit"
+        );
+    }
+}

@@ -107,11 +107,13 @@ impl Handle {
         if self.closed.is_cancelled() {
             return Err(Error::Closed);
         }
-        let limit = self.limit();
-        if n > limit {
+        // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
+        // the stored limit, which another process may have raised since this handle last
+        // saw it (the reply of a refused request carries the current limit).
+        if n > crate::keys::MAX_LIMIT {
             return Err(Error::TooManyPermits {
                 requested: n,
-                limit,
+                limit: self.limit(),
             });
         }
         // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
