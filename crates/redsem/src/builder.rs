@@ -53,7 +53,10 @@ impl SemaphoreBuilder {
     }
 
     /// How often the leases of this process are renewed (default a third of the lease). Must
-    /// be at most half the lease, so a failed renewal is retried before the lease runs out.
+    /// be at most a third of the lease: a permit is trusted until the renewal *before* the
+    /// last confirmed one + lease − margin (so that a failover that lost the last renewal
+    /// cannot end the lease earlier than the holder believes), and the next renewal, with
+    /// its retries, must fit before that.
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self
@@ -103,9 +106,9 @@ impl SemaphoreBuilder {
             ));
         }
         let renew_every = self.renew_every.unwrap_or(self.lease / 3);
-        if renew_every.is_zero() || renew_every > self.lease / 2 {
+        if renew_every.is_zero() || renew_every > self.lease / 3 {
             return bad(format!(
-                "renewal interval {renew_every:?} must be greater than zero and at most half the lease ({:?}): \
+                "renewal interval {renew_every:?} must be greater than zero and at most a third of the lease ({:?}): \
                  lengthen the lease or renew more often",
                 self.lease
             ));

@@ -42,10 +42,11 @@
 //! one lease of the holder's last renewal (the waiters' process re-checks exactly when the
 //! nearest lease is due, it does not wait for a poll). Shorter is faster recovery.
 //!
-//! The **renewal interval** (default lease / 3, at most lease / 2) bounds how long a healthy
+//! The **renewal interval** (default and at most lease / 3) bounds how long a healthy
 //! holder can go without reaching Redis. A holder whose renewals all fail — Redis down,
 //! network cut, process paused — declares its permit lost a safety margin (lease / 10, at
-//! most 1 s) *before* the lease could expire on the server, so [`Permit::run`](crate::Permit::run)
+//! most 1 s) *before* the lease could expire on the server — counted from the renewal
+//! before its last one, in case a failover promoted a replica that missed the last — so [`Permit::run`](crate::Permit::run)
 //! cancels the work before another process can be granted the slot, as long as this
 //! process's clock and scheduler keep running. Renewals cost one batched script call per
 //! process per interval, whatever the number of permits held.

@@ -104,8 +104,8 @@ impl Permit {
     }
 
     /// Whether the lease is lost, or could have run out in Redis: true once the heartbeat
-    /// declared it lost, and also once the local deadline (last confirmed renewal + lease −
-    /// safety margin) has passed, even if the heartbeat has not run since (a runtime busy
+    /// declared it lost, and also once the local deadline (the confirmed renewal before the
+    /// last + lease − safety margin) has passed, even if the heartbeat has not run since (a runtime busy
     /// with blocking work starves it). Cheap, no I/O.
     ///
     /// In the second case [`lost`](Self::lost) resolves, and the

@@ -28,6 +28,12 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
                 .lease(Duration::from_secs(1))
                 .renew_every(Duration::from_millis(600)),
         ),
+        (
+            "renewal above a third of the lease",
+            open("x", 1)
+                .lease(Duration::from_secs(3))
+                .renew_every(Duration::from_millis(1001)),
+        ),
         ("zero renewal", open("x", 1).renew_every(Duration::ZERO)),
         ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
         ("zero local cap", open("x", 1).local_cap(0)),

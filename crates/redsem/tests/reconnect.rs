@@ -24,7 +24,7 @@ async fn client_at(url: &str) -> Client {
 /// renewal interval (8 s), so prompt progress shows the notifier at work.
 fn rarely_polled(c: &Client, name: &str, fallback: Duration) -> redsem::SemaphoreBuilder {
     c.semaphore(name, 1)
-        .lease(Duration::from_secs(20))
+        .lease(Duration::from_secs(24))
         .renew_every(Duration::from_secs(8))
         .fallback_poll(fallback)
 }

@@ -79,7 +79,7 @@ class Client:
         """Opens the semaphore `name`, creating it with `limit` permits if it does not exist.
 
         `lease` (seconds, default 10): a crashed holder's slot is free again at most one
-        lease after its last renewal. `renew_every` (default lease/3, at most lease/2) is the
+        lease after its last renewal. `renew_every` (default and at most lease/3) is the
         renewal interval; `fallback_poll` (default 1 s) the longest a waiter relies on
         notifications alone. Costs two round trips (SUBSCRIBE, one script).
 

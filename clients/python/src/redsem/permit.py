@@ -33,7 +33,7 @@ class Permit:
     """A held permit (one or more permits of one acquisition).
 
     Its lease is renewed in the background while it is held. If a renewal finds the entry
-    gone, or no renewal is confirmed before `last confirmed renewal + lease - margin`, the
+    gone, or no renewal is confirmed before `renewal before the last + lease - margin`, the
     permit is *lost*: `lost` is set, `lost_reason` says why, and the work guarded by
     `run()` or by `async with sem.acquire()` is cancelled.
 
@@ -41,7 +41,8 @@ class Permit:
     """
 
     def __init__(self, sem: "Semaphore", holder_id: str, n: int, ticket: int,
-                 slots: Tuple[int, ...], fences: Tuple[int, ...], renewed_at: float):
+                 slots: Tuple[int, ...], fences: Tuple[int, ...], renewed_at: float,
+                 trusted_from: Optional[float] = None):
         self._sem = sem
         self.holder_id = holder_id
         """The holder id in Redis, as `stats()` lists it."""
@@ -55,6 +56,7 @@ class Permit:
         """Set once the lease is lost (never set by a release)."""
         self.lost_reason: Optional[str] = None
         self._renewed_at = renewed_at
+        self._trusted_from = renewed_at if trusted_from is None else trusted_from
         self._released = False
         self._on_lost: List[Callable[[], Any]] = []
 
@@ -68,13 +70,16 @@ class Permit:
         return self._released
 
     def _deadline(self) -> float:
-        return self._renewed_at + self._sem._lease - self._sem._margin
+        # from the confirmation before the last: a failover may have lost the last renewal
+        return self._trusted_from + self._sem._lease - self._sem._margin
 
     def _confirm(self, sent: float) -> None:
-        self._renewed_at = max(self._renewed_at, sent)
+        if sent > self._renewed_at:
+            self._trusted_from, self._renewed_at = self._renewed_at, sent
 
     def lease_left(self) -> float:
-        """Seconds until the local loss deadline, from the last confirmed renewal."""
+        """Seconds until the local loss deadline, counted from the confirmed renewal before the
+        last one (docs/PROTOCOL.md rule 4)."""
         return max(0.0, self._deadline() - time.monotonic())
 
     def is_lost(self) -> bool:

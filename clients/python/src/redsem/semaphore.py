@@ -8,9 +8,10 @@ and its heartbeat (two asyncio tasks), as docs/PROTOCOL.md "What a client must d
   renewal interval while anything is held or queued, at least every fallback interval while
   anything waits (finding grants whose notification was lost), and once the nearest lease in
   Redis is due to expire (so a crashed holder's slot is taken over without delay).
-- A holder whose lease was not confirmed by `last confirmed renewal + lease - margin`
-  (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even while a
-  renewal call hangs.
+- A holder whose lease was not confirmed by `the confirmed renewal before the last + lease -
+  margin` (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even
+  while a renewal call hangs (counting from the renewal before the last covers a failover
+  to a replica that missed the last one).
 """
 
 from __future__ import annotations
@@ -53,9 +54,17 @@ class _Waiter:
     n: int
     future: "asyncio.Future[Any]"
     renewed_at: float = field(default_factory=time.monotonic)
+    #: The confirmation before `renewed_at`: what a granted waiter's deadline counts from
+    #: (docs/PROTOCOL.md rule 4).
+    trusted_from: float = field(default_factory=time.monotonic)
     #: Set once `acquire.lua` answered "queued": only then does the heartbeat renew it (a
     #: renewal that reached Redis before the acquire would find it "gone").
     queued: bool = False
+
+    def confirm(self, sent: float) -> None:
+        """A call sent at `sent` confirmed the waiter (an older call answering late is ignored)."""
+        if sent > self.renewed_at:
+            self.trusted_from, self.renewed_at = self.renewed_at, sent
 
 
 class Semaphore:
@@ -77,9 +86,9 @@ class Semaphore:
         if lease < _protocol.MIN_LEASE:
             raise InvalidArgument(f"lease {lease}s is shorter than the minimum of {_protocol.MIN_LEASE}s")
         renew_every = lease / 3 if renew_every is None else renew_every
-        if not 0 < renew_every <= lease / 2:
+        if not 0 < renew_every <= lease / 3:
             raise InvalidArgument(
-                f"renewal interval {renew_every}s must be greater than zero and at most half the lease ({lease}s)")
+                f"renewal interval {renew_every}s must be greater than zero and at most a third of the lease ({lease}s)")
         if fallback_poll < 0.001:
             raise InvalidArgument("fallback poll interval must be at least 1ms")
         if len(label.encode()) > _protocol.MAX_LABEL_LEN:
@@ -247,14 +256,14 @@ class Semaphore:
                 raise
             if isinstance(reply, _protocol.Held):
                 if w is None:
-                    return self._new_holder(id, n, reply.grant, sent)
-                w.renewed_at = sent
+                    return self._new_holder(id, n, reply.grant, sent, sent)
+                w.confirm(sent)
                 self._deliver(id, reply.grant, sent)
             elif isinstance(reply, _protocol.Queued):
                 if w is not None:
                     if not any(other.queued for other in self._waiters.values()):
                         self._waiters_checked_at = sent  # the first queued waiter: poll from now
-                    w.renewed_at = max(w.renewed_at, sent)
+                    w.confirm(sent)
                     w.queued = True
                 self._expect_expiry(reply.next_expiry_ms)
                 self._poke()
@@ -293,8 +302,9 @@ class Semaphore:
                 permit._released = True
                 self._release_later([id])
 
-    def _new_holder(self, id: str, n: int, grant: _protocol.Grant, renewed_at: float) -> Permit:
-        permit = Permit(self, id, n, grant.ticket, grant.slots, grant.fences, renewed_at)
+    def _new_holder(self, id: str, n: int, grant: _protocol.Grant, renewed_at: float,
+                    trusted_from: float) -> Permit:
+        permit = Permit(self, id, n, grant.ticket, grant.slots, grant.fences, renewed_at, trusted_from)
         self._holders[id] = permit
         self._poke()
         return permit
@@ -306,8 +316,9 @@ class Semaphore:
             if id not in self._holders:  # nobody waits for it any more: give the slots back
                 self._release_later([id])
             return
-        renewed = w.renewed_at if confirmed_at is None else max(w.renewed_at, confirmed_at)
-        permit = self._new_holder(id, w.n, grant, renewed)
+        if confirmed_at is not None:
+            w.confirm(confirmed_at)
+        permit = self._new_holder(id, w.n, grant, w.renewed_at, w.trusted_from)
         if not w.future.done():
             w.future.set_result(permit)
 
@@ -357,7 +368,10 @@ class Semaphore:
         elif self._retry_at is not None:
             times.append(self._retry_at)  # after a failed call, nothing is due before the retry
         else:
-            times += [p._renewed_at + self._renew_every for p in self._holders.values()]
+            # one renewal interval after the last confirmation, and at once after a renewal
+            # that succeeded late (the deadline counts from the confirmation before it)
+            times += [min(p._renewed_at + self._renew_every, p._trusted_from + 2 * self._renew_every)
+                      for p in self._holders.values()]
             if any(w.queued for w in self._waiters.values()):
                 times.append(self._waiters_checked_at + self._fallback)
                 if self._next_check is not None:
@@ -434,7 +448,7 @@ class Semaphore:
                 elif isinstance(state, _protocol.Waiting):
                     w = self._waiters.get(id)
                     if w is not None:
-                        w.renewed_at = max(w.renewed_at, sent)
+                        w.confirm(sent)
                 else:
                     w = self._waiters.pop(id, None)
                     if w is not None and not w.future.done():

@@ -216,7 +216,7 @@ impl Handle {
                     let lease = match lease {
                         Some(lease)
                             if !lease.is_lost()
-                                && !self.lease_may_have_ended(lease.renewed_at()) =>
+                                && !self.lease_may_have_ended(lease.trusted_from()) =>
                         {
                             lease
                         }

@@ -11,7 +11,8 @@
 //! - the moment a lease in Redis is due to expire (as reported by the last script, plus
 //!   [`REAP_SLACK`]): a crashed holder's slot is then reclaimed by this call and granted to
 //!   the head of the queue, so crash recovery does not wait for the fallback poll;
-//! - the local deadline of a holder (last confirmed renewal + lease − safety margin): if no
+//! - the local deadline of a holder (the confirmed renewal before the last + lease − safety
+//!   margin; see `lease.rs`): if no
 //!   renewal has been confirmed by then, the permit is lost;
 //! - a poke (new waiter or holder, reconnect of the subscriber).
 //!
@@ -113,13 +114,13 @@ impl Schedule {
             // holder's deadline (when it is declared lost) may come first.
             earliest(retry_at);
             for lease in st.holders.values() {
-                earliest(timing.deadline(lease.renewed_at()));
+                earliest(timing.deadline(lease.trusted_from()));
             }
             return at;
         }
         for lease in st.holders.values() {
-            earliest(lease.renewed_at() + timing.renew_every);
-            earliest(timing.deadline(lease.renewed_at()));
+            earliest(timing.renewal_due(lease));
+            earliest(timing.deadline(lease.trusted_from()));
         }
         if st.has_waiters() {
             earliest(self.waiters_checked_at + timing.waiter_check());
@@ -260,7 +261,7 @@ async fn beat(hb: &Heartbeat) {
     // granted during the call included).
     let current: Vec<Holder> = hb.table.lock().holders();
     for (id, lease) in &current {
-        if hb.timing.deadline(lease.renewed_at()) <= Instant::now() {
+        if hb.timing.deadline(lease.trusted_from()) <= Instant::now() {
             lose(hb, id, lease, LostReason::Unreachable);
         }
     }
@@ -289,7 +290,7 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         st.holders.values().fold(limit, |limit, lease| {
             limit.min(
                 hb.timing
-                    .deadline(lease.renewed_at())
+                    .deadline(lease.trusted_from())
                     .max(sent + Duration::from_millis(1)),
             )
         })
@@ -416,7 +417,7 @@ mod tests {
         let t0 = Instant::now();
         tokio::time::advance(Duration::from_secs(1)).await;
         let st = with_holder(t0);
-        // the renewal comes before the deadline (renewal ≤ lease / 2)
+        // the renewal comes before the deadline (renewal ≤ lease / 3)
         assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(t0 + RENEW));
         st.holders["h"].renewed(t0 + RENEW);
         assert_eq!(
@@ -489,7 +490,9 @@ mod tests {
         assert_eq!(ms, [200, 400, 800, 1600, 2000]);
         // once a renewal succeeds, the schedule is the usual one again
         let now = Instant::now();
-        st.holders["h"].renewed(now);
+        st.holders.clear();
+        st.holders
+            .insert("h".into(), Arc::new(LeaseState::new(now)));
         schedule.succeeded(now, None);
         assert_eq!(
             schedule.next_wakeup(&st, &timing),
@@ -500,6 +503,43 @@ mod tests {
             schedule.next_wakeup(&st, &timing),
             Some(now + RETRY),
             "the backoff starts over"
+        );
+    }
+
+    /// The deadline counts from the confirmation before the last. After renewals failed for
+    /// a while and one succeeded, that one is old: the holder is renewed again at once, so
+    /// that the deadline moves on before it passes.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_succeeds_after_failures_is_followed_by_another_at_once() {
+        let t0 = Instant::now();
+        let timing = timing(Duration::from_secs(60));
+        let schedule = Schedule::new();
+        let st = with_holder(t0);
+        let lease = st.holders["h"].clone();
+        lease.renewed(t0 + RENEW);
+        assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW * 2));
+        // the renewal due at 2 × RENEW failed, retries too; one sent at 2.5 × RENEW succeeds
+        let late = t0 + RENEW * 5 / 2;
+        tokio::time::advance(late - t0).await;
+        lease.renewed(late);
+        assert_eq!(
+            timing.deadline(lease.trusted_from()),
+            t0 + RENEW + LEASE - timing.margin
+        );
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing),
+            Some(t0 + RENEW * 3),
+            "renewal interval after the confirmation before the last: due before 1 × RENEW \
+             after the late one"
+        );
+        // once it succeeds too, the usual rhythm is back
+        let next = t0 + RENEW * 3;
+        tokio::time::advance(next - late).await;
+        lease.renewed(next);
+        assert_eq!(schedule.next_wakeup(&st, &timing), Some(next + RENEW));
+        assert_eq!(
+            timing.deadline(lease.trusted_from()),
+            late + LEASE - timing.margin
         );
     }
 

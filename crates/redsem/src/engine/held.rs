@@ -72,10 +72,10 @@ impl Held {
         &self.lease
     }
 
-    /// Lost, or past the local deadline of its last confirmed renewal (whether or not the
+    /// Lost, or past the local deadline of its confirmed renewals (whether or not the
     /// heartbeat has run since).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost() || self.handle.lease_may_have_ended(self.lease.renewed_at())
+        self.lease.is_lost() || self.handle.lease_may_have_ended(self.lease.trusted_from())
     }
 
     /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,

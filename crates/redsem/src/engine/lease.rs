@@ -1,9 +1,12 @@
 //! Lease state: the timing settings of a handle ([`Timing`]) and the bookkeeping of one
 //! held lease ([`LeaseState`]), shared by a permit and the heartbeat.
 //!
-//! A lease is trusted until `last confirmed renewal + lease − margin` ([`Timing::deadline`]):
-//! the margin covers the difference between this process's clock and Redis's. Every "could
-//! the lease have ended?" question in the engine is answered here.
+//! A lease is trusted until `previous confirmed renewal + lease − margin`
+//! ([`Timing::deadline`] of [`LeaseState::trusted_from`]): the margin covers the difference
+//! between this process's clock and Redis's, and counting from the renewal *before* the last
+//! one covers a failover to a replica that missed the last renewal (its copy of the lease
+//! ends up to one renewal interval earlier than the master's). Every "could the lease have
+//! ended?" question in the engine is answered here.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -42,6 +45,15 @@ impl Timing {
         confirmed + self.lease - self.margin
     }
 
+    /// When the lease held in `lease` is due for renewal: one renewal interval after its last
+    /// confirmation, and at once when that confirmation came more than a renewal interval
+    /// after the one before (a renewal that succeeded after failures). The deadline counts
+    /// from the confirmation before the last, so it must be recent again before the
+    /// deadline: `2 × renewal + margin < lease` leaves room for it and its retries.
+    pub(crate) fn renewal_due(&self, lease: &LeaseState) -> Instant {
+        (lease.renewed_at() + self.renew_every).min(lease.trusted_from() + self.renew_every * 2)
+    }
+
     /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
     /// Redis by now.
     pub(crate) fn may_have_ended(&self, confirmed: Instant) -> bool {
@@ -60,8 +72,9 @@ impl Timing {
 pub(crate) struct LeaseState {
     lost_tx: watch::Sender<Option<LostReason>>,
     token: CancellationToken,
-    /// Send time of the last call that confirmed the lease (or of the grant's delivery).
-    renewed_at: Mutex<Instant>,
+    /// Send times of the last call that confirmed the lease (or of the grant's delivery),
+    /// and of the confirmation before it: `(trusted_from, renewed_at)`.
+    renewed: Mutex<(Instant, Instant)>,
     /// Ticket and slots of the permit, for the events of the heartbeat.
     granted: OnceLock<(u64, Vec<u32>)>,
 }
@@ -71,7 +84,7 @@ impl LeaseState {
         LeaseState {
             lost_tx: watch::Sender::new(None),
             token: CancellationToken::new(),
-            renewed_at: Mutex::new(now),
+            renewed: Mutex::new((now, now)),
             granted: OnceLock::new(),
         }
     }
@@ -86,15 +99,27 @@ impl LeaseState {
         let _ = self.granted.set((ticket, slots));
     }
 
+    /// Records a confirmation by a call sent at `sent` (an older call answering late is
+    /// ignored).
     pub(crate) fn renewed(&self, sent: Instant) {
-        let mut r = self.renewed_at.lock().unwrap();
-        if sent > *r {
-            *r = sent;
+        let mut r = self.renewed.lock().unwrap();
+        if sent > r.1 {
+            *r = (r.1, sent);
         }
     }
 
+    /// Send time of the last confirmed renewal: the next renewal is due one renewal
+    /// interval after it.
     pub(crate) fn renewed_at(&self) -> Instant {
-        *self.renewed_at.lock().unwrap()
+        self.renewed.lock().unwrap().1
+    }
+
+    /// Send time of the confirmed renewal before the last one (the grant, until the second
+    /// renewal): what the lease's deadline counts from. A failover may promote a replica
+    /// that never received the last renewal, but it has the one before, as long as
+    /// replication lags less than one renewal interval.
+    pub(crate) fn trusted_from(&self) -> Instant {
+        self.renewed.lock().unwrap().0
     }
 
     /// Marks the lease lost (first reason wins) and cancels the permit's token.
@@ -185,6 +210,7 @@ mod tests {
         lease.renewed(t0 + Duration::from_secs(2));
         lease.renewed(t0 + Duration::from_secs(1)); // an older call answering late
         assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
+        assert_eq!(lease.trusted_from(), t0, "the confirmation before the last");
         lease.lose(LostReason::Unreachable);
         lease.lose(LostReason::NotHolder);
         assert_eq!(
@@ -193,5 +219,32 @@ mod tests {
             "first wins"
         );
         assert!(lease.token().is_cancelled());
+    }
+
+    /// A failover to a replica that missed the last renewal leaves a lease that ends one
+    /// renewal interval before the master's would have: the deadline counts from the
+    /// renewal before the last, so it comes before that earlier end.
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_counts_from_the_renewal_before_the_last() {
+        let timing = Timing::new(
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let t0 = Instant::now();
+        let lease = LeaseState::new(t0);
+        assert_eq!(lease.trusted_from(), t0, "the grant, until two renewals");
+        lease.renewed(t0 + Duration::from_secs(1));
+        assert_eq!(lease.trusted_from(), t0);
+        lease.renewed(t0 + Duration::from_secs(2));
+        assert_eq!(lease.trusted_from(), t0 + Duration::from_secs(1));
+        assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
+        // the replica's copy ends at 1 s + lease = 4 s; the deadline is a margin before it
+        assert_eq!(
+            timing.deadline(lease.trusted_from()),
+            t0 + Duration::from_millis(3700)
+        );
+        // and the next renewal is due well before it (renewal ≤ lease / 3)
+        assert!(lease.renewed_at() + timing.renew_every < timing.deadline(lease.trusted_from()));
     }
 }
