@@ -103,6 +103,7 @@ impl Handle {
             s.timing.clone(),
             ctx.conn.clone(),
             ctx.response_timeout,
+            ctx.synced,
         );
         let handle = Arc::new(Handle {
             ctx: ctx.clone(),

@@ -140,6 +140,8 @@ pub(crate) struct Heartbeat {
     timing: Timing,
     conn: Conn,
     response_timeout: Duration,
+    /// Synced mode: renewals count once this many replicas acknowledged them (`WAIT`).
+    synced: Option<(u32, Duration)>,
     /// Cancelled when the handle is gone.
     stop: CancellationToken,
 }
@@ -152,6 +154,7 @@ impl Heartbeat {
         timing: Timing,
         conn: Conn,
         response_timeout: Duration,
+        synced: Option<(u32, Duration)>,
     ) -> Arc<Heartbeat> {
         Arc::new(Heartbeat {
             schedule: Mutex::new(Schedule::new()),
@@ -160,6 +163,7 @@ impl Heartbeat {
             timing,
             conn,
             response_timeout,
+            synced,
             stop: CancellationToken::new(),
         })
     }
@@ -309,7 +313,25 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         waiters = waiters.len(),
     );
     let target = hb.remote.target();
-    let renew = scripts::renew(&mut conn, &target, &ids).instrument(span.clone());
+    let renew = async {
+        match hb.synced {
+            None => scripts::renew(&mut conn, &target, &ids)
+                .await
+                .map(|(next, states)| (next, states, true)),
+            Some((replicas, timeout)) => {
+                scripts::renew_and_wait(&mut conn, &target, &ids, replicas, timeout)
+                    .await
+                    .map(|(next, states, acked)| {
+                        if acked < replicas {
+                            tracing::warn!(semaphore = %hb.name(), acked, wanted = replicas,
+                                "synced mode: too few replicas acknowledged the renewal; it does not count");
+                        }
+                        (next, states, acked >= replicas)
+                    })
+            }
+        }
+    }
+    .instrument(span.clone());
     tokio::pin!(renew);
     // A grant notified while this call is in flight adds a holder whose lease (the waiter's)
     // may end before the answer comes: a poke lowers the limit to its deadline too.
@@ -325,15 +347,21 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         }
     };
     let now = Instant::now();
-    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok(_))));
+    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, _, true)))));
     match reply {
-        Ok(Ok((next_expiry, states))) => {
-            tracing::debug!(parent: &span, "renewed");
-            hb.schedule.lock().unwrap().succeeded(now, next_expiry);
+        Ok(Ok((next_expiry, states, replicated))) => {
+            tracing::debug!(parent: &span, replicated, "renewed");
+            if replicated {
+                hb.schedule.lock().unwrap().succeeded(now, next_expiry);
+            } else {
+                // retried like a failed call; the holders' deadlines stay where they were
+                hb.schedule.lock().unwrap().failed(now, &hb.timing);
+            }
             let (h_states, w_states) = states.split_at(holders.len());
             for ((id, lease), state) in holders.iter().zip(h_states) {
                 match state {
-                    EntryState::Held(_) => lease.renewed(sent),
+                    EntryState::Held(_) if replicated => lease.renewed(sent),
+                    EntryState::Held(_) => {}
                     EntryState::Gone | EntryState::Waiting => {
                         lose(hb, id, lease, LostReason::NotHolder);
                     }
@@ -345,10 +373,14 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
                         .table
                         .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
                     EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
-                    EntryState::Waiting => hb.table.lock().waiter_renewed(id, sent),
+                    EntryState::Waiting if replicated => hb.table.lock().waiter_renewed(id, sent),
+                    EntryState::Waiting => {}
                 }
             }
-            Call { ok: true, poked }
+            Call {
+                ok: replicated,
+                poked,
+            }
         }
         Ok(Err(e)) => {
             tracing::warn!(semaphore = %hb.name(), error = %e, "heartbeat failed; retrying");

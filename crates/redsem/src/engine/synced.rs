@@ -8,6 +8,10 @@
 //! same connection, `WAIT n timeout` waits until `n` replicas have processed it (replication
 //! is ordered, so they have the grant too). Too few acknowledgements in time: the permit is
 //! released and the acquire fails with [`Error::NotReplicated`].
+//!
+//! The heartbeat's renewals are `WAIT`ed the same way (`heartbeat.rs`): a renewal too few
+//! replicas acknowledged does not count as a confirmation, so a failover cannot promote a
+//! replica whose copy of a lease is older than the holder believes.
 
 use std::sync::Arc;
 
@@ -24,8 +28,9 @@ impl Handle {
         };
         let mut conn = self.ctx.conn.clone();
         let target = self.remote.target();
-        let reply =
-            scripts::renew_and_wait(&mut conn, &target, permit.id(), replicas, timeout).await;
+        let reply = scripts::renew_and_wait(&mut conn, &target, &[permit.id()], replicas, timeout)
+            .await
+            .map(|(_, mut states, acked)| (states.remove(0), acked));
         match reply {
             Ok((EntryState::Held(_), acked)) if acked >= replicas => Ok(permit),
             Ok((EntryState::Held(_), acked)) => {

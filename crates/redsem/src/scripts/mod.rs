@@ -163,16 +163,20 @@ pub(crate) async fn renew(
     reply::renew(&v, ids.len())
 }
 
-/// Synced mode: renews `id` and, on the same connection, `WAIT`s for `replicas` replicas
-/// (replication is ordered, so a replica that has this renewal also has the grant before
-/// it). Returns the entry's state and how many replicas acknowledged.
+/// What [`renew_and_wait`] learnt: the next lease expiry, each entry's state, and how many
+/// replicas acknowledged the renewal.
+pub(crate) type SyncedRenewal = (Option<u64>, Vec<EntryState>, u32);
+
+/// Synced mode: renews `ids` and, on the same connection, `WAIT`s for `replicas` replicas
+/// (replication is ordered, so a replica that has this renewal also has the grants before
+/// it). Returns the entries' states and how many replicas acknowledged.
 pub(crate) async fn renew_and_wait(
     conn: &mut Conn,
     t: &Target<'_>,
-    id: &str,
+    ids: &[&str],
     replicas: u32,
     timeout: std::time::Duration,
-) -> CallResult<(EntryState, u32)> {
+) -> CallResult<SyncedRenewal> {
     for attempt in 0..2 {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
@@ -181,8 +185,10 @@ pub(crate) async fn renew_and_wait(
             .arg(&t.keys.all[..])
             .arg(t.limit)
             .arg(&t.keys.channel_base)
-            .arg(t.publish)
-            .arg(id);
+            .arg(t.publish);
+        for id in ids {
+            evalsha.arg(*id);
+        }
         let mut pipe = redis::pipe();
         pipe.ignore_errors()
             .add_command(evalsha)
@@ -204,8 +210,8 @@ pub(crate) async fn renew_and_wait(
         if let Value::ServerError(e) = acked {
             return Err(CallError::Redis(e.clone().into()));
         }
-        let (_, mut states) = reply::renew(renewed, 1)?;
-        return Ok((states.remove(0), reply::integer(acked)?.max(0) as u32));
+        let (next_expiry, states) = reply::renew(renewed, ids.len())?;
+        return Ok((next_expiry, states, reply::integer(acked)?.max(0) as u32));
     }
     unreachable!("the second attempt returns")
 }
