@@ -52,7 +52,7 @@ pub enum FaultKind {
     RestartDataLoss,
     /// `DEBUG SLEEP`: Redis answers nothing for a while.
     DebugSleep,
-    /// An operator's `force_release` of a holder (its slots' fences advance at once).
+    /// An operator's `force_release` of a holder (it learns at its next renewal).
     ForceRelease,
 }
 

@@ -146,7 +146,7 @@ enum Command {
     Watch(WatchArgs),
     /// Change the limit of an existing semaphore, live, for every process.
     Limit(LimitArgs),
-    /// Operator's release of a holder (or a queued waiter): its slots' fences advance.
+    /// Operator's release of a holder (or a queued waiter): it learns it at its next renewal.
     Release(ReleaseArgs),
     /// Serve Prometheus metrics of every semaphore under the prefix.
     Exporter(ExporterArgs),

@@ -230,7 +230,7 @@ pub async fn release(g: &Global, a: ReleaseArgs) -> Result<u8, Failure> {
     };
     if client.force_release_existing(&a.name, &a.holder).await? {
         out!(
-            "semaphore {:?}: released {what}; the fences of its slots advanced\n",
+            "semaphore {:?}: released {what}; it learns so at its next renewal, and its slots' next holders get higher fences\n",
             a.name
         );
         Ok(0)

@@ -90,9 +90,9 @@ impl Client {
     }
 
     /// An operator's release of a holder (or queued waiter) of the existing semaphore `name`
-    /// by its id, like [`Semaphore::force_release`](crate::Semaphore::force_release): the
-    /// fences of its slots advance at once. Returns whether the entry existed. Never creates
-    /// the semaphore.
+    /// by its id, like [`Semaphore::force_release`](crate::Semaphore::force_release) (the
+    /// holder learns it at its next renewal; the slots' next holders carry higher fences).
+    /// Returns whether the entry existed. Never creates the semaphore.
     ///
     /// # Errors
     /// [`Error::UnknownSemaphore`] when the semaphore does not exist; otherwise as

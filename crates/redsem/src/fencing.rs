@@ -11,8 +11,17 @@
 //!
 //! Generations of a slot strictly increase in grant order, so once the new holder of a slot
 //! has made one request, every request of the stale holder is refused.
-//! [`Semaphore::force_release`](crate::Semaphore::force_release) advances the generation at
-//! once, so an evicted holder is refused even before the next holder's first request.
+//! Generations are derived from Redis's clock: `max(previous + 1, Redis TIME in µs)`. So they
+//! also go up across a loss of the semaphore's data (`FLUSHALL`, a restart without
+//! persistence, a failover to a replica that missed the last grants), as long as Redis's clock
+//! has not gone back past the earlier grant — with NTP-synchronised hosts, a step back of more
+//! than the time between the loss and the next grant. Under that assumption tokens are also
+//! unique per slot: an equal token is the same grant writing again.
+//!
+//! [`Semaphore::force_release`](crate::Semaphore::force_release) does not fence at once: the
+//! evicted holder learns of the eviction at its next renewal (within one renewal interval);
+//! until then, a resource refuses it only once the slot's next holder, whose token is higher,
+//! has used the resource.
 //!
 //! [`FencedStore`] does this for a resource that lives in Redis.
 

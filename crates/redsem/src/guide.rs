@@ -76,8 +76,8 @@
 //! | notification lost, subscriber connection killed | the subscriber reconnects, re-subscribes and re-checks every local waiter; otherwise the fallback poll finds the grant | a delay of at most the fallback interval |
 //! | Redis unreachable while holding | renewals are retried; before the lease could expire the permit is lost with [`LostReason::Unreachable`](crate::LostReason::Unreachable) | `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost), the work is cancelled |
 //! | holder paused past its lease (SIGSTOP, GC, VM freeze) | the server reaps it; the slot goes to the next waiter with a higher fence; on wake-up the renewal finds it gone ([`LostReason::NotHolder`](crate::LostReason::NotHolder)) | between the expiry and the wake-up, the paused holder may still act: only fencing stops it |
-//! | Redis restarted with its data lost | holders' renewals find their entries gone (lost), waiters queue again at the back, the configuration is re-created from the limit the processes opened with | holders lose their slots; fences restart at 1 (use a persistent Redis, or a resource-side fence store that survives) |
-//! | Redis failover to a replica (asynchronous replication) | the last writes may be missing on the new primary: a grant may be forgotten, and its slot granted again | up to `limit` extra holders until the old ones' renewals fail; fencing protects the resource |
+//! | Redis restarted with its data lost | holders' renewals find their entries gone (lost), waiters queue again at the back, the configuration is re-created from the limit the processes opened with | holders lose their slots (each learns it at its next renewal); new fences are still above every earlier one (they come from Redis's clock), so a fenced resource rejects the old holders once a new one used it |
+//! | Redis failover to a replica (asynchronous replication) | the last writes may be missing on the new primary: a grant may be forgotten, and its slot granted again | up to `limit` extra holders until the old ones' renewals fail; the new grants' fences are above the forgotten ones', so fencing protects the resource |
 //! | a key replaced by a foreign value | the scripts fail with `WRONGTYPE` | [`Error::WrongType`](crate::Error::WrongType) naming the semaphore |
 //! | a request behind the tower layer loses its permit | the inner future is dropped | the response future fails with [`Error::LeaseLost`](crate::Error::LeaseLost) (boxed) |
 //! | the semaphore was created by a newer, incompatible protocol version | every script refuses it before changing anything (a `REDSEM_PROTOCOL` error reply) | [`Error::ProtocolMismatch`](crate::Error::ProtocolMismatch) naming both versions |
@@ -91,6 +91,16 @@
 //!   can expire in Redis — unless its own process is paused or its clock jumps. With a paused
 //!   holder, more than `limit` processes may *believe* they hold a slot; fencing tokens make
 //!   the resource reject the stale one.
+//! - **Fences only go up**: a slot's generation is `max(previous + 1, Redis TIME in µs)`, so
+//!   every token issued after a data loss (`FLUSHALL`, a restart without persistence, a
+//!   failover to a lagging replica) is above every token issued before it for that slot —
+//!   *assuming Redis's clock does not go back* past the earlier grant (a promoted replica's
+//!   clock may lag the old master's by at most the failover's duration: NTP keeps hosts within
+//!   milliseconds, a failover takes seconds). Tokens are unique per slot.
+//! - **Clock steps**: a permit is trusted until lease − margin (a tenth, at most 1 s) after
+//!   the renewal before its last one. A forward step of Redis's clock shortens leases by the
+//!   step: up to the margin is always covered, up to the margin + one renewal interval when
+//!   no renewal was lost.
 //! - **FIFO**: permits are granted in ticket order; a multi-permit request at the head blocks
 //!   those behind it (no starvation).
 //! - **Liveness**: a free permit is granted to the head of the queue by the same script that

@@ -224,9 +224,11 @@ impl Semaphore {
     }
 
     /// An operator's release of another holder's permit (or of a queued ticket) by its
-    /// holder id, as shown by [`stats`](Self::stats). The fences of its slots advance at
-    /// once, so a protected resource rejects the evicted holder's further writes; its next
-    /// renewal finds the permit gone. Returns whether the entry existed.
+    /// holder id, as shown by [`stats`](Self::stats). Its slots go to the queue at once; the
+    /// evicted holder learns it at its next renewal (within one renewal interval), and the
+    /// next grant of each slot carries a higher fence, so a protected resource rejects the
+    /// evicted holder once the slot's next holder has used it (see [`crate::fencing`]).
+    /// Returns whether the entry existed.
     ///
     /// # Errors
     /// Connection and permission errors.

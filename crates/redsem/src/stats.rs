@@ -105,7 +105,7 @@ impl Stats {
                     .zip(e.fences.unwrap_or_default())
                     .map(|(&s, g)| Fence {
                         slot: s as u32,
-                        generation: g as u64,
+                        generation: g.get(),
                     })
                     .collect(),
                 held: ms(now - e.granted_at.unwrap_or(now)),

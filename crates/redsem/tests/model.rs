@@ -4,6 +4,11 @@
 //! the holders and their slots, the queue order, the free slots and the fences; at the end,
 //! the notifications each client channel received must be exactly the grants and
 //! rejections the model made for that client's waiters, in order.
+//!
+//! Fence generations come from Redis's clock (`max(stored + 1, TIME in µs)`), so the model
+//! numbers them 1, 2, 3… per slot, and the real ones are translated to that numbering: each
+//! new generation seen for a slot must be above every earlier one (checked), and becomes the
+//! next number.
 
 mod common;
 
@@ -199,6 +204,8 @@ fn join<T: ToString>(v: &[T]) -> String {
 /// The scripts, driven through a plain connection.
 struct Real {
     con: redis::Connection,
+    /// The generations seen per slot, in order (see the module docs).
+    gens: HashMap<u32, Vec<u64>>,
     keys: Vec<String>,
     base: String,
     acquire: redis::Script,
@@ -208,6 +215,62 @@ struct Real {
 }
 
 impl Real {
+    /// The model's number (1, 2, …) of the real generation `raw` of `slot`; a new one must
+    /// be above every earlier one of the slot.
+    fn ord(&mut self, slot: u32, raw: u64) -> u64 {
+        let seen = self.gens.entry(slot).or_default();
+        if let Some(i) = seen.iter().position(|&g| g == raw) {
+            return i as u64 + 1;
+        }
+        if let Some(&last) = seen.last() {
+            assert!(raw > last, "slot {slot}: generation {raw} after {last}");
+        }
+        seen.push(raw);
+        seen.len() as u64
+    }
+
+    fn ord_all(&mut self, slots: &[u32], raw: &[u64]) -> Vec<u64> {
+        slots
+            .iter()
+            .zip(raw)
+            .map(|(&s, &g)| self.ord(s, g))
+            .collect()
+    }
+
+    /// A reply with its generations in the model's numbering.
+    fn translate(&mut self, r: Reply) -> Reply {
+        match r {
+            Reply::Granted {
+                slots,
+                fences,
+                ticket,
+            } => {
+                let fences = self.ord_all(&slots, &fences);
+                Reply::Granted {
+                    slots,
+                    fences,
+                    ticket,
+                }
+            }
+            Reply::Batch(rs) => Reply::Batch(rs.into_iter().map(|r| self.translate(r)).collect()),
+            other => other,
+        }
+    }
+
+    /// A notice `g:<id>:<ticket>:<slots>:<fences>` with its generations in the model's
+    /// numbering (other notices as they are).
+    fn translate_notice(&mut self, notice: &str) -> String {
+        let parts: Vec<&str> = notice.split(':').collect();
+        if parts.len() != 5 || parts[0] != "g" {
+            return notice.to_owned();
+        }
+        let nums = |t: &str| -> Vec<u64> { t.split(',').map(|x| x.parse().unwrap()).collect() };
+        let slots: Vec<u32> = nums(parts[3]).into_iter().map(|s| s as u32).collect();
+        let fences = self.ord_all(&slots, &nums(parts[4]));
+        let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        format!("g:{}:{}:{}:{}", parts[1], parts[2], parts[3], join(&fences))
+    }
+
     fn call(&mut self, s: &redis::Script, args: &[String]) -> Value {
         let mut inv = s.prepare_invoke();
         for k in &self.keys {
@@ -284,16 +347,30 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
         assert_eq!(&rec, slots, "record and slot map agree");
-        *fences = m["f"]
+        let raw: Vec<u64> = m["f"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|x| x.as_u64().unwrap())
+            .map(|x| {
+                x.as_str()
+                    .expect("generations are stored as text")
+                    .parse()
+                    .unwrap()
+            })
             .collect();
+        *fences = raw;
     }
+    let holders = holders
+        .into_iter()
+        .map(|(id, (slots, raw))| {
+            let fences = r.ord_all(&slots, &raw);
+            (id, (slots, fences))
+        })
+        .collect();
     let queue: Vec<String> = r.con.zrange(&r.keys[1], 0, -1).unwrap();
     let free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
-    let fence: BTreeMap<u32, u64> = r.con.hgetall(&r.keys[6]).unwrap();
+    let raw: BTreeMap<u32, u64> = r.con.hgetall(&r.keys[6]).unwrap();
+    let fence = raw.into_iter().map(|(s, g)| (s, r.ord(s, g))).collect();
     (holders, queue, free, fence)
 }
 
@@ -328,6 +405,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
     sub.subscribe(&[format!("{base}c0"), format!("{base}c1")])
         .unwrap();
     let mut real = Real {
+        gens: HashMap::new(),
         con: client.get_connection().unwrap(),
         keys,
         base,
@@ -369,7 +447,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                 let Value::Array(replies) = real.call(&real.acquire.clone(), &args) else {
                     panic!("acquire reply is not an array")
                 };
-                let got = Reply::Batch(replies.iter().map(parse_acquire).collect());
+                let got = real.translate(Reply::Batch(replies.iter().map(parse_acquire).collect()));
                 // one settle for the call, then each request in order
                 model.settle();
                 let mut want = vec![];
@@ -514,7 +592,9 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
         let ch: String = msg.get_channel_name().to_owned();
         let payload: String = msg.get_payload().unwrap();
         let client = if ch.ends_with("c1") { 1 } else { 0 };
-        got[client].extend(payload.split(';').map(str::to_owned));
+        for notice in payload.split(';') {
+            got[client].push(real.translate_notice(notice));
+        }
     }
     prop_assert_eq!(&model.notices, &got, "notifications");
     Ok(())

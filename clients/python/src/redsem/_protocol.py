@@ -1,4 +1,4 @@
-"""Everything specific to the redsem protocol, in one place (docs/PROTOCOL.md, version 1).
+"""Everything specific to the redsem protocol, in one place (docs/PROTOCOL.md, version 2).
 
 Key names, the protocol version, the channel and id shapes, how each script's source is
 built and its arguments laid out, and how replies and notifications are parsed. The rest of
@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 #: The protocol version these scripts and this module speak (`ver` in a semaphore's `cfg`).
-PROTOCOL = 1
+PROTOCOL = 2
 
 #: Key prefix used when none is given (the Rust crate's `DEFAULT_PREFIX`).
 DEFAULT_PREFIX = "redsem"

@@ -216,7 +216,7 @@ pub(crate) async fn renew_and_wait(
     unreachable!("the second attempt returns")
 }
 
-/// Removes holders or queued waiters (idempotent). `force` advances the slots' fences.
+/// Removes holders or queued waiters (idempotent). `force` marks an operator's release.
 /// Returns how many existed.
 pub(crate) async fn release(
     conn: &mut Conn,

@@ -5,10 +5,11 @@
 --   2 queue  zset  waiting tickets: member = id, score = ticket number (FIFO order)
 --   3 exp    zset  leases of holders AND waiters: member = id, score = expiry (ms, Redis TIME)
 --   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
---                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots), f (fences)}
+--                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
+--                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
 --   5 slots  hash  slot number -> id of its holder
 --   6 free   zset  free slot numbers below the limit (member = score = slot)
---   7 fence  hash  slot number -> generation, incremented every time the slot is granted
+--   7 fence  hash  slot number -> generation of its last grant (see next_generation)
 -- ARGV (common header):
 --   1 limit used only when cfg does not exist (first open, or data loss)
 --   2 channel base: a grant for a waiter whose client channel suffix is c is published on base..c
@@ -25,7 +26,7 @@ end
 
 -- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
 -- refuses a semaphore written under another version rather than misread it.
-local PROTOCOL = 1
+local PROTOCOL = 2
 
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
 local function load_limit()
@@ -78,6 +79,24 @@ local function reap(now, limit)
   return #dead
 end
 
+-- The generation (fencing token) of a new grant of slot `s`: max(stored + 1, Redis TIME in
+-- microseconds). It goes up at every grant, and stays above every token issued before even
+-- when the fence hash was lost (FLUSHALL, a restart without persistence, a failover to a
+-- lagging replica), as long as Redis's clock has not gone back past the earlier grant
+-- (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in Lua's doubles; stored and
+-- carried as a decimal string.
+local NOW_US = nil
+local function next_generation(s)
+  if not NOW_US then
+    local t = redis.call('TIME')
+    NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local prev = tonumber(redis.call('HGET', K_FENCE, s) or '0') or 0
+  local g = string.format('%.0f', math.max(prev + 1, NOW_US))
+  redis.call('HSET', K_FENCE, s, g)
+  return g
+end
+
 -- Makes an entry a holder: lowest free slots, next generation per slot. A queued waiter keeps
 -- its current lease (a waiter that died just before its grant blocks the slot no longer than
 -- its own lease; a live one renews it as a holder); a fresh entry (try mode) gets a lease.
@@ -88,7 +107,7 @@ local function grant(id, m, now, fresh)
     local s = tonumber(popped[i])
     redis.call('HSET', K_SLOTS, s, id)
     slots[#slots + 1] = s
-    fences[#fences + 1] = redis.call('HINCRBY', K_FENCE, s, 1)
+    fences[#fences + 1] = next_generation(s)
   end
   m.s, m.f, m.a = slots, fences, now
   redis.call('ZREM', K_QUEUE, id)
@@ -175,5 +194,7 @@ end
 
 -- A holder's reply: {1, slots, fences, ticket}
 local function held_reply(m)
-  return { 1, m.s or {}, m.f or {}, m.t }
+  local f = {}
+  for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
+  return { 1, m.s or {}, f, m.t }
 end

@@ -118,12 +118,31 @@ pub(crate) struct Entry {
     pub(crate) granted_at: Option<f64>,
     #[serde(rename = "s", default)]
     pub(crate) slots: Option<Vec<f64>>,
-    /// The fencing generation of each slot (holders).
+    /// The fencing generation of each slot (holders), stored as decimal strings (16 digits:
+    /// cjson would round numbers).
     #[serde(rename = "f", default)]
-    pub(crate) fences: Option<Vec<f64>>,
+    pub(crate) fences: Option<Vec<Generation>>,
     /// When its lease expires unless renewed.
     #[serde(rename = "e", default)]
     pub(crate) expires_at: Option<f64>,
+}
+
+/// A fence generation in a stored record: a decimal string (protocol 2), or a number.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Generation {
+    Text(String),
+    Number(f64),
+}
+
+impl Generation {
+    /// The generation; 0 for text that is not a number (never written by redsem).
+    pub(crate) fn get(&self) -> u64 {
+        match self {
+            Generation::Text(s) => s.parse().unwrap_or(0),
+            Generation::Number(n) => *n as u64,
+        }
+    }
 }
 
 /// Parses the reply of `stats.lua` (the same with the guard of the operator functions).

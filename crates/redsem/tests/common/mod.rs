@@ -87,3 +87,14 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 pub fn servers() -> Vec<Server> {
     flavors().into_iter().map(Server::start).collect()
 }
+
+/// Redis's clock (`TIME`) in microseconds: what fence generations are derived from.
+pub fn redis_time_us(server: &Server) -> u64 {
+    match server.cmd(&["TIME"]) {
+        Reply::Array(t) => {
+            let part = |i: usize| t[i].as_str().unwrap().parse::<u64>().unwrap();
+            part(0) * 1_000_000 + part(1)
+        }
+        other => panic!("TIME answered {other:?}"),
+    }
+}
