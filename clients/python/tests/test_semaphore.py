@@ -268,7 +268,7 @@ def test_stats_lists_holders_and_waiters(server, name):
         assert js["holders"][0]["fences"] == [{"slot": f.slot, "generation": f.generation} for f in p.fences]
         assert [f.slot for f in p.fences] == [0, 1]
         assert set(js) == {"name", "limit", "in_use", "available", "holders", "waiters", "grants_total",
-                           "expired_total", "server_time_ms"}
+                           "expired_total", "repairs_total", "server_time_ms"}
         assert (await c.inspect(name)).in_use == 2
         with pytest.raises(redsem.UnknownSemaphore):
             await c.inspect(name + "-nothing")

@@ -51,6 +51,13 @@ pub fn render_stats(s: &redsem::Stats) -> String {
         "granted {} time(s) since creation, {} lease(s) expired",
         s.grants_total, s.expired_total
     );
+    if s.repairs_total > 0 {
+        let _ = writeln!(
+            out,
+            "WARNING: repaired {} time(s) after keys of this semaphore were lost (evicted or deleted): check Redis's maxmemory-policy and persistence",
+            s.repairs_total
+        );
+    }
     out.push('\n');
     if s.holders.is_empty() {
         out.push_str("HOLDERS: none\n");

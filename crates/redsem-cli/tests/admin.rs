@@ -66,10 +66,12 @@ fn stats_json_schema() {
             "in_use",
             "limit",
             "name",
+            "repairs_total",
             "server_time_ms",
             "waiters"
         ]
     );
+    assert_eq!(s["repairs_total"], 0);
     assert_eq!(s["name"], "schema");
     assert_eq!(s["limit"], 1);
     assert_eq!(s["in_use"], 1);

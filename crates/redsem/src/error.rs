@@ -124,6 +124,22 @@ pub enum Error {
         detail: String,
     },
 
+    /// The semaphore's keys contradict each other in a way the scripts cannot repair (after
+    /// keys were evicted, deleted or restored separately): two holder records claim one
+    /// slot, or the free slots do not match the holders even after a repair. Nothing was
+    /// granted. Inspect the named keys; if nobody relies on the semaphore's state, delete its
+    /// keys (`redsem delete --force`, or `DEL` of the keys under `<prefix>:{<name>}:`) and
+    /// reopen it. Losses that can be repaired (one key, or a record and its lease) are
+    /// repaired silently and counted in [`Stats::repairs_total`](crate::Stats::repairs_total).
+    #[error("semaphore {name:?}: its keys are inconsistent and could not be repaired: {detail}")]
+    #[non_exhaustive]
+    Corrupt {
+        /// The semaphore's name.
+        name: String,
+        /// What the script found, naming the key.
+        detail: String,
+    },
+
     /// The Redis user may not run a command or touch a key or channel that redsem needs.
     /// Grant the rule documented in the README's Security section.
     #[error(
@@ -213,6 +229,14 @@ impl Error {
             // Redis appends " script: <sha>, on @user_script:<line>."
             let detail = detail.split(" script: ").next().unwrap_or(detail);
             return Error::ProtocolMismatch {
+                name: name.to_owned(),
+                detail: detail.to_owned(),
+            };
+        }
+        if code == "REDSEM_CORRUPT" {
+            let detail = err.detail().unwrap_or(&text);
+            let detail = detail.split(" script: ").next().unwrap_or(detail);
+            return Error::Corrupt {
                 name: name.to_owned(),
                 detail: detail.to_owned(),
             };

@@ -28,6 +28,11 @@ pub struct Stats {
     pub grants_total: u64,
     /// Entries (holders and waiters) removed because their lease expired, since creation.
     pub expired_total: u64,
+    /// Times the scripts found the semaphore's keys inconsistent (a key evicted, deleted or
+    /// restored apart from the others) and repaired them from what survived. Non-zero means
+    /// Redis lost some of the semaphore's data: check `maxmemory-policy` and persistence.
+    /// Taking this snapshot checks the keys too (O(limit + entries)).
+    pub repairs_total: u64,
     /// Redis server time of the snapshot, in milliseconds since the Unix epoch.
     pub server_time_ms: u64,
 }
@@ -139,6 +144,7 @@ impl Stats {
             waiters,
             grants_total: reply.grants,
             expired_total: reply.expired,
+            repairs_total: reply.repairs,
             server_time_ms: reply.now_ms,
         }
     }

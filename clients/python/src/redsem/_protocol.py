@@ -292,6 +292,7 @@ class RawStats:
     expired: int
     holders: List[RawEntry]
     waiters: List[RawEntry]
+    repairs: int = 0
 
 
 def _entries(raw: Any) -> List[RawEntry]:
@@ -315,9 +316,11 @@ def _entries(raw: Any) -> List[RawEntry]:
 
 
 def parse_stats(reply: Sequence[Any]) -> RawStats:
-    """`stats.lua`'s reply: now, limit, in use, grants, expired, holders, waiters."""
-    now, limit, in_use, grants, expired, holders, waiters = reply
-    return RawStats(int(now), int(limit), int(in_use), int(grants), int(expired), _entries(holders), _entries(waiters))
+    """`stats.lua`'s reply: now, limit, in use, grants, expired, holders, waiters, repairs."""
+    now, limit, in_use, grants, expired, holders, waiters = reply[:7]
+    repairs = int(reply[7]) if len(reply) > 7 else 0
+    return RawStats(int(now), int(limit), int(in_use), int(grants), int(expired), _entries(holders),
+                    _entries(waiters), repairs)
 
 
 # -- notifications ---------------------------------------------------------------------------

@@ -109,6 +109,16 @@ class ProtocolMismatch(RedsemError):
         self.name, self.detail = name, detail
 
 
+class Corrupt(RedsemError):
+    """The semaphore's keys contradict each other and the scripts could not repair them (keys
+    evicted, deleted or restored apart). Nothing was granted. Losses that can be repaired are
+    repaired silently and counted in `Stats.repairs_total`."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"semaphore {name!r}: its keys are inconsistent and could not be repaired: {detail}")
+        self.name, self.detail = name, detail
+
+
 class NoPermission(RedsemError):
     """The Redis user may not run a command or touch a key or channel redsem needs."""
 
@@ -137,6 +147,8 @@ def from_redis(err: Exception, name: str) -> RedsemError:
     detail = _protocol.protocol_error_detail(text)
     if detail is not None:
         return ProtocolMismatch(name, detail)
+    if text.startswith("REDSEM_CORRUPT"):
+        return Corrupt(name, text[len("REDSEM_CORRUPT"):].strip().split(" script: ")[0])
     if "WRONGTYPE" in text:
         return WrongType(name, text.split(" script: ")[0])
     if "NOPERM" in text or "no permissions" in text:

@@ -52,6 +52,8 @@ class Stats:
     grants_total: int = 0
     expired_total: int = 0
     server_time_ms: int = 0
+    repairs_total: int = 0
+    """Times the scripts repaired the semaphore's keys after some were lost (evicted or deleted)."""
 
     @property
     def oldest_wait(self) -> Optional[float]:
@@ -87,7 +89,7 @@ class Stats:
             for i, e in enumerate(raw.waiters)
         ]
         return cls(name, raw.limit, raw.in_use, max(0, raw.limit - raw.in_use), holders, waiters,
-                   raw.grants, raw.expired, raw.now_ms)
+                   raw.grants, raw.expired, raw.now_ms, raw.repairs)
 
     def to_json(self) -> Dict[str, Any]:
         """The schema of `redsem stats --json` (durations in milliseconds)."""
@@ -110,5 +112,6 @@ class Stats:
             ],
             "grants_total": self.grants_total,
             "expired_total": self.expired_total,
+            "repairs_total": self.repairs_total,
             "server_time_ms": self.server_time_ms,
         }

@@ -24,12 +24,11 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
   if redis.call('ZCARD', K_QUEUE) == 0 and redis.call('HLEN', K_SLOTS) + n <= limit then
     m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
-    grant(id, m, now, true)
-    return held_reply(m)
+    if grant(id, m, now, true, limit) then return held_reply(m) end
   end
   if mode == 'try' then return { -1 } end
   -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
-  m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
+  m.t = m.t or redis.call('HINCRBY', K_CFG, 'seq', 1)
   redis.call('ZADD', K_QUEUE, m.t, id)
   redis.call('ZADD', K_EXP, now + m.w, id)
   redis.call('HSET', K_META, id, cjson.encode(m))

@@ -1,5 +1,6 @@
 -- open: check that the keys hold what redsem expects (a WRONGTYPE error otherwise), create the
--- configuration on first use, and report the stored limit.
+-- configuration on first use, check the keys' consistency (a repair after a key loss, see
+-- audit in the prelude), and report the stored limit.
 -- Reply: {stored_limit, created (0|1)}
 local existed = redis.call('EXISTS', K_CFG)
 -- touch every key with a read of its expected type: raises WRONGTYPE for a foreign key
@@ -7,5 +8,7 @@ redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE); redis.call('ZCARD', K_E
 redis.call('HLEN', K_META); redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE)
 redis.call('HLEN', K_FENCE)
 local limit = load_limit()
-settle(now_ms(), limit, true)
+local now = now_ms()
+audit(limit, now)
+settle(now, limit, true)
 return { limit, 1 - existed }

@@ -28,6 +28,79 @@ end
 -- refuses a semaphore written under another version rather than misread it.
 local PROTOCOL = 2
 
+local function get_meta(id)
+  local raw = redis.call('HGET', K_META, id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+-- Key loss (eviction, a DEL, a partial restore) is detected where a script relies on what was
+-- lost, and repaired from what survives, never granting beyond the limit (docs/PROTOCOL.md,
+-- "Lost keys"). Each repair counts in cfg.repairs, which stats report.
+local function corrupt(what)
+  error({ err = 'REDSEM_CORRUPT ' .. what })
+end
+
+local function count_repair()
+  redis.call('HINCRBY', K_CFG, 'repairs', 1)
+end
+
+-- Frees the slots mapped to `id`, whose record is gone (a scan of the slot map: only after a
+-- loss of `meta`).
+local function free_slots_of(id, limit)
+  local all = redis.call('HGETALL', K_SLOTS)
+  local found = false
+  for i = 1, #all, 2 do
+    if all[i + 1] == id then
+      found = true
+      redis.call('HDEL', K_SLOTS, all[i])
+      local s = tonumber(all[i])
+      if s < limit then redis.call('ZADD', K_FREE, s, s) end
+    end
+  end
+  if found then count_repair() end
+end
+
+-- A slot mapped to `id` stays mapped while `id` has a holder record, or a lease without a
+-- record (a live holder that lost its record learns it at its next renewal and releases the
+-- slot; a crashed one is reaped: until then nobody else may have the slot).
+local function still_held(id)
+  local m = get_meta(id)
+  if m then return m.s ~= nil end
+  return redis.call('ZSCORE', K_EXP, id) ~= false
+end
+
+-- Rebuilds the slot map and the free set from the entries' records: a slot mapped to an id
+-- without a holder record or lease is freed; a holder record's slots are mapped to it again;
+-- every slot below the limit that nobody holds is free. O(limit + entries), run only when a
+-- check found the keys inconsistent.
+local function repair(limit)
+  count_repair()
+  local mapped = {}
+  local all = redis.call('HGETALL', K_SLOTS)
+  for i = 1, #all, 2 do
+    local s, id = tonumber(all[i]), all[i + 1]
+    if still_held(id) then mapped[s] = id else redis.call('HDEL', K_SLOTS, all[i]) end
+  end
+  local metas = redis.call('HGETALL', K_META)
+  for i = 1, #metas, 2 do
+    local id, m = metas[i], cjson.decode(metas[i + 1])
+    for _, s in ipairs(m.s or {}) do
+      if mapped[s] == nil then
+        mapped[s] = id
+        redis.call('HSET', K_SLOTS, s, id)
+      elseif mapped[s] ~= id then
+        corrupt('semaphore records give slot ' .. s .. ' to both ' .. mapped[s] .. ' and ' .. id
+          .. ' (key ' .. K_META .. ')')
+      end
+    end
+  end
+  redis.call('DEL', K_FREE)
+  for s = 0, limit - 1 do
+    if mapped[s] == nil then redis.call('ZADD', K_FREE, s, s) end
+  end
+end
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
 local function load_limit()
   local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver')
@@ -41,21 +114,66 @@ local function load_limit()
   local l = tonumber(ARGV[1])
   CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
-  redis.call('DEL', K_FREE)
-  for s = 0, l - 1 do
-    if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
+  -- A configuration lost while entries remain (eviction, a DEL): tickets go on after the
+  -- highest one queued, so that no new ticket jumps the queue, and the slot map and free set
+  -- are rebuilt from the records (a repair).
+  local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
+  if #last > 0 then redis.call('HSET', K_CFG, 'seq', last[2]) end
+  if redis.call('HLEN', K_META) > 0 or redis.call('HLEN', K_SLOTS) > 0 then
+    repair(l)
+  else
+    redis.call('DEL', K_FREE)
+    for s = 0, l - 1 do redis.call('ZADD', K_FREE, s, s) end
   end
   return l
 end
 
-local function get_meta(id)
-  local raw = redis.call('HGET', K_META, id)
-  if not raw then return nil end
-  return cjson.decode(raw)
+-- A full consistency check, O(limit + entries): every mapped slot belongs to a holder record
+-- that lists it, every holder record's slots are mapped to it, the free set is exactly the
+-- unheld slots below the limit, every record has a lease, every waiter record is queued.
+-- Repairs what it finds (counted in cfg.repairs). Run when a handle opens and by stats, so
+-- that a loss no grant notices (a lost record and lease of a crashed holder, a lost queue)
+-- is repaired too.
+local function audit(limit, now)
+  local consistent = true
+  local mapped = {}
+  local all = redis.call('HGETALL', K_SLOTS)
+  for i = 1, #all, 2 do
+    if still_held(all[i + 1]) then mapped[tonumber(all[i])] = all[i + 1] else consistent = false end
+  end
+  local fixed = false
+  local metas = redis.call('HGETALL', K_META)
+  for i = 1, #metas, 2 do
+    local id, m = metas[i], cjson.decode(metas[i + 1])
+    for _, s in ipairs(m.s or {}) do
+      if mapped[s] ~= id then consistent = false end
+    end
+    if not redis.call('ZSCORE', K_EXP, id) then
+      redis.call('ZADD', K_EXP, now + (m.s and m.l or m.w), id)
+      fixed = true
+    end
+    if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
+      redis.call('ZADD', K_QUEUE, m.t, id)
+      fixed = true
+    end
+  end
+  if consistent then
+    local free = redis.call('ZRANGE', K_FREE, 0, -1)
+    local unheld = 0
+    for s = 0, limit - 1 do if mapped[s] == nil then unheld = unheld + 1 end end
+    if #free ~= unheld then consistent = false end
+    for _, s in ipairs(free) do
+      local n = tonumber(s)
+      if n >= limit or mapped[n] ~= nil then consistent = false end
+    end
+  end
+  if fixed and consistent then count_repair() end
+  if not consistent then repair(limit) end
 end
 
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
--- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step.)
+-- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
+-- an entry without a record lost it, and the slots still mapped to it are freed.)
 local function drop_entry(id, m, limit)
   redis.call('ZREM', K_EXP, id)
   redis.call('HDEL', K_META, id)
@@ -66,6 +184,7 @@ local function drop_entry(id, m, limit)
     end
   else
     redis.call('ZREM', K_QUEUE, id)
+    if not m then free_slots_of(id, limit) end
   end
 end
 
@@ -100,8 +219,23 @@ end
 -- Makes an entry a holder: lowest free slots, next generation per slot. A queued waiter keeps
 -- its current lease (a waiter that died just before its grant blocks the slot no longer than
 -- its own lease; a live one renews it as a holder); a fresh entry (try mode) gets a lease.
-local function grant(id, m, now, fresh)
+--
+-- Checks first that the free set gives as many slots as the capacity check promised: after a
+-- key loss it may not (a lost `free` set, or a lost slot map that made the holders look
+-- fewer). Then the keys are repaired and the capacity checked again. Returns whether it
+-- granted.
+local function grant(id, m, now, fresh, limit)
   local popped = redis.call('ZPOPMIN', K_FREE, m.n)
+  if #popped ~= 2 * m.n then
+    for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
+    repair(limit)
+    if redis.call('HLEN', K_SLOTS) + m.n > limit then return false end
+    popped = redis.call('ZPOPMIN', K_FREE, m.n)
+    if #popped ~= 2 * m.n then
+      corrupt('semaphore free slots (key ' .. K_FREE .. ') do not match its holders (key '
+        .. K_SLOTS .. ') after a repair')
+    end
+  end
   local slots, fences = {}, {}
   for i = 1, #popped, 2 do
     local s = tonumber(popped[i])
@@ -114,6 +248,7 @@ local function grant(id, m, now, fresh)
   if fresh then redis.call('ZADD', K_EXP, now + m.l, id) end
   redis.call('HSET', K_META, id, cjson.encode(m))
   redis.call('HINCRBY', K_CFG, 'grants', 1)
+  return true
 end
 
 -- Grants the head of the queue while capacity allows (strict FIFO: a head that needs more
@@ -135,10 +270,11 @@ local function pump(now, limit)
       out[#out + 1] = { head, m, false }
     elseif used + m.n > limit then
       break
-    else
-      grant(head, m, now, false)
+    elseif grant(head, m, now, false, limit) then
       used = used + m.n
       out[#out + 1] = { head, m, true }
+    else
+      break -- the holders were more than they looked (repaired): the head waits
     end
   end
   return out

@@ -14,12 +14,31 @@ for i = 4, #ARGV do
   local m = get_meta(id)
   if not m then
     states[#states + 1] = { -1 }
-  elseif m.s then
-    redis.call('ZADD', K_EXP, 'XX', now + m.l, id)
-    states[#states + 1] = held_reply(m)
   else
-    redis.call('ZADD', K_EXP, 'XX', now + m.w, id)
-    states[#states + 1] = { 0 }
+    -- A record without a lease lost it (the `exp` key was evicted or deleted): this live
+    -- entry gets its lease back, and so does every other record, so that the entries of
+    -- crashed processes expire again (a sweep of `meta`, only after such a loss).
+    if not redis.call('ZSCORE', K_EXP, id) then
+      count_repair()
+      local metas = redis.call('HGETALL', K_META)
+      for j = 1, #metas, 2 do
+        local o = cjson.decode(metas[j + 1])
+        redis.call('ZADD', K_EXP, 'NX', now + (o.s and o.l or o.w), metas[j])
+      end
+    end
+    if m.s then
+      redis.call('ZADD', K_EXP, 'XX', now + m.l, id)
+      states[#states + 1] = held_reply(m)
+    else
+      redis.call('ZADD', K_EXP, 'XX', now + m.w, id)
+      if not redis.call('ZSCORE', K_QUEUE, id) then
+        -- its place in the queue was lost with the `queue` key: back at its ticket
+        count_repair()
+        redis.call('ZADD', K_QUEUE, m.t, id)
+        publish(pump(now, limit), nil)
+      end
+      states[#states + 1] = { 0 }
+    end
   end
 end
 return { next_expiry(now), states }

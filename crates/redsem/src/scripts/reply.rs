@@ -95,6 +95,8 @@ pub(crate) struct StatsReply {
     pub(crate) grants: u64,
     /// Entries reaped on expiry since creation.
     pub(crate) expired: u64,
+    /// Repairs of lost keys since the configuration was (re)created.
+    pub(crate) repairs: u64,
     pub(crate) holders: Vec<Entry>,
     /// In queue order.
     pub(crate) waiters: Vec<Entry>,
@@ -161,6 +163,7 @@ pub(super) fn stats(v: &Value) -> CallResult<StatsReply> {
         in_use: int(items.get(2))? as u32,
         grants: int(items.get(3))? as u64,
         expired: int(items.get(4))? as u64,
+        repairs: items.get(7).map_or(Ok(0), |v| int(Some(v)))? as u64,
         holders: entries(string(items.get(5))?)?,
         waiters: entries(string(items.get(6))?)?,
     })

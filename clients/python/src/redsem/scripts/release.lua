@@ -5,7 +5,7 @@
 -- Reply: number of entries that existed and were removed. Idempotent.
 local now = now_ms()
 local limit = load_limit()
-local removed = 0
+local removed, unknown = 0, false
 for i = 5, #ARGV do
   local id = ARGV[i]
   local m = get_meta(id)
@@ -13,8 +13,11 @@ for i = 5, #ARGV do
     removed = removed + 1
     drop_entry(id, m, limit)
   else
-    redis.call('ZREM', K_EXP, id) -- a lease without a record (never written by redsem)
+    -- no record: never written by redsem, or its record was lost (then its slots are freed,
+    -- and granted below)
+    drop_entry(id, nil, limit)
+    unknown = true
   end
 end
-settle(now, limit, removed > 0)
+settle(now, limit, removed > 0 or unknown)
 return removed

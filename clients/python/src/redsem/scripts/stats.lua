@@ -1,9 +1,11 @@
--- stats: a consistent snapshot (reaps and grants first, like every script).
--- Reply: {now_ms, limit, permits_in_use, grants, expired, holders_json, waiters_json}
+-- stats: a consistent snapshot (checks the keys' consistency, repairing a key loss, then reaps
+-- and grants first, like every script).
+-- Reply: {now_ms, limit, permits_in_use, grants, expired, holders_json, waiters_json, repairs}
 -- holders_json: JSON array of {id, meta} in no particular order (with lease expiry "e");
 -- waiters_json: JSON array of {id, meta} in queue (FIFO) order.
 local now = now_ms()
 local limit = load_limit()
+audit(limit, now)
 settle(now, limit, true)
 local function entries(ids)
   local arr = {}
@@ -28,4 +30,4 @@ local function enc(t) if #t == 0 then return '[]' end return cjson.encode(t) end
 return { now, limit, redis.call('HLEN', K_SLOTS),
   tonumber(redis.call('HGET', K_CFG, 'grants') or '0'),
   tonumber(redis.call('HGET', K_CFG, 'expired') or '0'),
-  enc(h), enc(w) }
+  enc(h), enc(w), tonumber(redis.call('HGET', K_CFG, 'repairs') or '0') }
