@@ -356,7 +356,7 @@ def test_failed_renewals_are_retried_at_a_steady_pace_until_the_permit_is_lost(o
 
 def test_waiters_keep_their_tickets_while_renewals_run_concurrently(server, name, caplog):
     async def body(c, sem):
-        held = await sem.acquire()  # renewed every 40 ms while the waiters queue
+        held = await sem.acquire()  # renewed every 40 ms while the waiters queue (and so are they)
         waiting = []
         for _ in range(60):
             waiting.append(asyncio.ensure_future(sem.acquire(timeout=60)))
@@ -371,6 +371,9 @@ def test_waiters_keep_their_tickets_while_renewals_run_concurrently(server, name
         return tickets
 
     with caplog.at_level("INFO", logger="redsem"):
-        tickets = with_sem(server, name, body, limit=1, lease=0.12)
+        # frequent renewals (every 40 ms) racing the acquires; a lease long enough (1.2 s) that
+        # a loaded machine does not let a waiter's lease run out: then it would rightly queue
+        # again, and this test is about renewals, not about expiry
+        tickets = with_sem(server, name, body, limit=1, lease=1.2, renew_every=0.04)
     assert tickets == list(range(2, 62)), "each waiter kept its first ticket (none was queued twice)"
     assert not [r for r in caplog.records if "vanished" in r.getMessage()]

@@ -175,6 +175,17 @@ pub struct RunArgs {
     #[arg(long, requires = "limit")]
     pub strict_limit: bool,
 
+    /// Run even when Redis's maxmemory-policy can evict the semaphore's keys (allkeys-*, or
+    /// volatile-* with a TTL on one of them); by default that fails (exit 125) with the policy
+    /// named. An evicted key never lets more than the limit in, but holders whose record was
+    /// evicted learn it only at their next renewal.
+    #[arg(
+        long,
+        env = "REDSEM_ALLOW_EVICTING_POLICY",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub allow_evicting_policy: bool,
+
     /// Permits this command needs at once.
     #[arg(long, default_value_t = 1, value_name = "K")]
     pub permits: u32,

@@ -270,6 +270,7 @@ async fn open(
             .semaphore(name, limit)
             .lease(a.lease)
             .label(common::truncate(label, 200))
+            .allow_evicting_policy(a.allow_evicting_policy)
             .open()
     };
     let mut limit = match a.limit {

@@ -9,7 +9,7 @@ use common::*;
 /// shows it, and that every permission in it is needed).
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
-+time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals +hgetall \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals +hgetall +info +pttl \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zscore +zpopmin \
 +publish +spublish +scan +cluster|slots +role +wait";
 

@@ -446,3 +446,50 @@ fn a_killed_redsem_frees_the_slot_within_its_lease() {
         "freed within the 2 s lease"
     );
 }
+
+/// A Redis whose maxmemory-policy can evict the semaphore's keys: `run` refuses (exit 125,
+/// naming the policy) unless --allow-evicting-policy or REDSEM_ALLOW_EVICTING_POLICY says
+/// the risk is accepted.
+#[test]
+fn an_evicting_policy_is_refused_unless_allowed() {
+    let server = Server::start_with(
+        Flavor::Redis,
+        test_support::ServerOptions {
+            extra_args: vec!["--maxmemory-policy".into(), "allkeys-lru".into()],
+            ..Default::default()
+        },
+    );
+    let out = run(redsem(&server).args(["run", "ev", "--limit", "1", "--", "echo", "ran"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stdout(&out).is_empty());
+    let out = run(redsem(&server).args([
+        "run",
+        "ev",
+        "--limit",
+        "1",
+        "--allow-evicting-policy",
+        "--",
+        "echo",
+        "ran",
+    ]));
+    assert_eq!(
+        (code(&out), stdout(&out).trim()),
+        (0, "ran"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(redsem(&server)
+        .env("REDSEM_ALLOW_EVICTING_POLICY", "1")
+        .args(["run", "ev", "--", "echo", "ran"]));
+    assert_eq!(
+        (code(&out), stdout(&out).trim()),
+        (0, "ran"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -19,6 +19,7 @@ pub struct SemaphoreBuilder {
     fallback_poll: Duration,
     local_cap: Option<u32>,
     label: Option<String>,
+    allow_evicting_policy: bool,
 }
 
 impl Client {
@@ -40,7 +41,22 @@ impl SemaphoreBuilder {
             fallback_poll: Duration::from_secs(1),
             local_cap: None,
             label: None,
+            allow_evicting_policy: false,
         }
+    }
+
+    /// Opens the semaphore even when Redis's `maxmemory-policy` can evict its keys
+    /// (default `false`: [`open`](Self::open) refuses with [`Error::EvictingPolicy`]).
+    ///
+    /// `open` reads the policy from `INFO memory` (one round trip; the ACL rule of
+    /// docs/security.md allows `INFO`, not `CONFIG GET`). An evicted key never makes the
+    /// scripts grant beyond the limit — they repair the keys from what survives — but a
+    /// holder whose record was evicted is only told at its next renewal, and an evicted
+    /// limit is re-created from the opener's. Allow it only for a Redis whose memory never
+    /// runs out, or where that risk is acceptable.
+    pub fn allow_evicting_policy(mut self, allow: bool) -> Self {
+        self.allow_evicting_policy = allow;
+        self
     }
 
     /// Lease of each holder and waiter (default 10 s). A crashed holder's slot is free again
@@ -137,6 +153,7 @@ impl SemaphoreBuilder {
                 timing: Timing::new(self.lease, renew_every, self.fallback_poll),
                 label,
                 local_cap: self.local_cap,
+                allow_evicting_policy: self.allow_evicting_policy,
             },
         ))
     }
@@ -144,13 +161,16 @@ impl SemaphoreBuilder {
     /// Subscribes to this handle's notification channel, creates the semaphore in Redis if it
     /// does not exist, and checks that the stored limit is the one asked for.
     ///
-    /// Cost: two round trips (SUBSCRIBE, one script), once per handle.
+    /// Cost: three round trips (`INFO memory`, SUBSCRIBE, one script), once per handle; two
+    /// with [`allow_evicting_policy`](Self::allow_evicting_policy).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`]), lease,
     /// renewal or poll interval (a lease or interval above
     /// [`MAX_DURATION`](crate::MAX_DURATION) included), local cap or label, before anything
     /// is sent;
+    /// [`Error::EvictingPolicy`] when Redis's `maxmemory-policy` can evict the semaphore's
+    /// keys (see [`allow_evicting_policy`](Self::allow_evicting_policy));
     /// [`Error::LimitConflict`] when the semaphore exists with another limit;
     /// [`Error::WrongType`] when one of its keys holds a foreign value; connection and
     /// permission errors as they come.

@@ -140,6 +140,26 @@ pub enum Error {
         detail: String,
     },
 
+    /// The server's `maxmemory-policy` may evict the semaphore's keys (`allkeys-*`, or
+    /// `volatile-*` while one of its keys carries a TTL). An evicted key would break the
+    /// guarantees (the scripts repair what they can, but the holders of a lost record are
+    /// only told at their next renewal). Use a Redis with `maxmemory-policy noeviction` (or a
+    /// `volatile-*` policy and no TTL on the semaphore's keys) for semaphores, or accept the
+    /// risk with [`SemaphoreBuilder::allow_evicting_policy`](crate::SemaphoreBuilder::allow_evicting_policy)
+    /// (CLI: `--allow-evicting-policy`).
+    #[error(
+        "semaphore {name:?}: Redis's maxmemory-policy is {policy} and {detail}: set maxmemory-policy to noeviction, or open with allow_evicting_policy(true) / --allow-evicting-policy to accept the risk"
+    )]
+    #[non_exhaustive]
+    EvictingPolicy {
+        /// The semaphore's name.
+        name: String,
+        /// The server's `maxmemory-policy`, as `INFO memory` reports it.
+        policy: String,
+        /// Why it can evict the semaphore's keys.
+        detail: String,
+    },
+
     /// The Redis user may not run a command or touch a key or channel that redsem needs.
     /// Grant the rule documented in the README's Security section.
     #[error(

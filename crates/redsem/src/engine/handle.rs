@@ -72,6 +72,8 @@ pub(crate) struct OpenSettings {
     pub(crate) timing: Timing,
     pub(crate) label: String,
     pub(crate) local_cap: Option<u32>,
+    /// Open even when Redis's `maxmemory-policy` can evict the semaphore's keys.
+    pub(crate) allow_evicting_policy: bool,
 }
 
 impl Handle {
@@ -79,6 +81,27 @@ impl Handle {
     /// exist, checks that the stored limit is the one asked for, and starts the heartbeat.
     pub(crate) async fn open(ctx: Arc<Context>, s: OpenSettings) -> Result<Arc<Handle>, Error> {
         let keys = Keys::new(&ctx.prefix, &s.name)?;
+        let policy = if s.allow_evicting_policy {
+            None
+        } else {
+            let mut conn = ctx.conn.clone();
+            let target = scripts::Target {
+                keys: &keys,
+                limit: s.limit,
+                publish: ctx.publish,
+            };
+            let policy = scripts::maxmemory_policy(&mut conn, &target)
+                .await
+                .map_err(|e| Error::from_call(e, &s.name))?;
+            if let Some(p) = policy.as_deref().filter(|p| p.starts_with("allkeys-")) {
+                return Err(Error::EvictingPolicy {
+                    name: s.name,
+                    policy: p.to_owned(),
+                    detail: "it evicts any key under memory pressure".into(),
+                });
+            }
+            policy
+        };
         let channel_id = ctx.new_channel_id();
         let channel = keys.channel(&channel_id);
         let remote = Arc::new(Remote::new(keys, s.limit, ctx.publish));
@@ -123,9 +146,18 @@ impl Handle {
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.notifier.subscribe(&channel, listener, &s.name).await?;
         let mut conn = ctx.conn.clone();
-        let (stored, created) = scripts::open(&mut conn, &handle.remote.target())
+        let (stored, created, with_ttl) = scripts::open(&mut conn, &handle.remote.target())
             .await
             .map_err(|e| Error::from_call(e, &s.name))?;
+        if let (Some(p), Some(key)) = (policy.filter(|p| p.starts_with("volatile-")), with_ttl) {
+            return Err(Error::EvictingPolicy {
+                name: s.name,
+                policy: p,
+                detail: format!(
+                    "the key {key} carries a TTL, which makes it evictable (redsem never sets one: remove it with PERSIST)"
+                ),
+            });
+        }
         if stored != s.limit {
             return Err(Error::LimitConflict {
                 name: s.name,

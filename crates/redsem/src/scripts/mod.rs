@@ -236,9 +236,38 @@ pub(crate) async fn release(
 }
 
 /// Checks key types, creates the semaphore if missing; returns (stored limit, created).
-pub(crate) async fn open(conn: &mut Conn, t: &Target<'_>) -> CallResult<(u32, bool)> {
+pub(crate) async fn open(
+    conn: &mut Conn,
+    t: &Target<'_>,
+) -> CallResult<(u32, bool, Option<String>)> {
     let v = OPEN.run(conn, t, |_| {}).await?;
     reply::open(&v)
+}
+
+/// The `maxmemory-policy` of the server that holds the semaphore's keys, read from
+/// `INFO memory` (allowed to users that may not run `CONFIG GET`). `None` when the server
+/// does not report it.
+pub(crate) async fn maxmemory_policy(
+    conn: &mut Conn,
+    t: &Target<'_>,
+) -> CallResult<Option<String>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("INFO").arg("memory");
+    let values = conn
+        .pipeline_on_key(&t.keys.all[0], &pipe)
+        .await
+        .map_err(CallError::Redis)?;
+    let text = match values.first() {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::VerbatimString { text, .. }) => text.clone(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        Some(other) => return Err(reply::unexpected(other)),
+        None => return Ok(None),
+    };
+    Ok(text.lines().find_map(|l| {
+        l.strip_prefix("maxmemory_policy:")
+            .map(|p| p.trim().to_owned())
+    }))
 }
 
 /// Sets the stored limit; returns the previous one.

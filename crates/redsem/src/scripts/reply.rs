@@ -174,10 +174,18 @@ pub(super) fn integer(v: &Value) -> CallResult<i64> {
     int(Some(v))
 }
 
-/// Parses the reply of `open.lua`: (stored limit, created).
-pub(super) fn open(v: &Value) -> CallResult<(u32, bool)> {
+/// Parses the reply of `open.lua`: (stored limit, created, a key that carries a TTL).
+pub(super) fn open(v: &Value) -> CallResult<(u32, bool, Option<String>)> {
     let items = array(v)?;
-    Ok((int(items.first())? as u32, int(items.get(1))? == 1))
+    let with_ttl = match items.get(2) {
+        Some(v) => Some(string(Some(v))?).filter(|k| !k.is_empty()),
+        None => None,
+    };
+    Ok((
+        int(items.first())? as u32,
+        int(items.get(1))? == 1,
+        with_ttl,
+    ))
 }
 
 fn expiry(ms: i64) -> Option<u64> {
