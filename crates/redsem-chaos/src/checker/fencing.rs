@@ -1,9 +1,11 @@
 //! Property 4, `fencing`: the fenced resource protects what the leases cannot.
 //!
-//! - The resource's decisions replay: per semaphore and slot, the highest `(epoch,
-//!   generation)` wins; a write of a grant with an unknown epoch is refused.
-//! - No two grants share `(semaphore, epoch, slot, generation)`, and the generations of a
-//!   slot increase in grant order.
+//! - The resource's decisions — made by the shipped `FencedStore` (`fence.lua`) — replay
+//!   with the rule it documents: per semaphore and slot, a write is accepted when its
+//!   generation is at least the highest accepted before. Generations alone: no knowledge of
+//!   Redis restarts is used (generations stay above earlier ones across a data loss).
+//! - No two grants share `(semaphore, slot, generation)`, across every Redis incarnation,
+//!   and the generations of a slot increase in grant order, across data losses too.
 //! - Every write a stale holder (property 3) made after a newer holder's first write was
 //!   rejected. Writes it made before any newer holder wrote are accepted and counted: that is
 //!   all a fence can do.
@@ -21,18 +23,17 @@ use super::{ms_fmt, overlaps};
 /// Checks property 4, with `inv` from property 3.
 pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {
     // replay
-    let mut table: HashMap<(usize, u32), (u32, u64)> = HashMap::new();
+    let mut table: HashMap<(usize, u32), u64> = HashMap::new();
     for w in &logs.writes {
-        let expect = match w.epoch {
-            None => 'X',
-            Some(e) => {
-                let key = (w.sem, w.slot);
-                if table.get(&key).is_none_or(|&c| (e, w.generation) >= c) {
-                    table.insert(key, (e, w.generation));
-                    'A'
-                } else {
-                    'R'
-                }
+        let expect = if w.decision == 'X' {
+            'X' // an op the resource did not know (never registered): not a fence decision
+        } else {
+            let key = (w.sem, w.slot);
+            if table.get(&key).is_none_or(|&c| w.generation >= c) {
+                table.insert(key, w.generation);
+                'A'
+            } else {
+                'R'
             }
         };
         if expect != w.decision {
@@ -88,40 +89,40 @@ pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {
         }
     }
     // unique and increasing generations
-    let mut seen: HashMap<(usize, u32, u32, u64), &str> = HashMap::new();
-    // (semaphore, epoch, slot) → (grant time, generation, op)
-    type Grants<'a> = HashMap<(usize, u32, u32), Vec<(i64, u64, &'a str)>>;
+    let mut seen: HashMap<(usize, u32, u64), &str> = HashMap::new();
+    // (semaphore, slot) → (grant time, generation, op), every incarnation together
+    type Grants<'a> = HashMap<(usize, u32), Vec<(i64, u64, &'a str)>>;
     let mut by_slot: Grants = HashMap::new();
     for o in &logs.ops {
-        let (Some(_), Some(e)) = (o.acq, o.epoch) else {
+        if o.acq.is_none() {
             continue;
-        };
+        }
         for &(slot, generation) in &o.fences {
-            if let Some(prev) = seen.insert((o.sem, e, slot, generation), &o.name) {
+            if let Some(prev) = seen.insert((o.sem, slot, generation), &o.name) {
                 r.violation(
                     "fencing",
                     format!(
-                        "{} slot {slot} generation {generation} (epoch {e}) was granted twice: to {prev} and to {}",
+                        "{} slot {slot} generation {generation} was granted twice: to {prev} and to {}",
                         logs.cfg.sems[o.sem].name, o.name
                     ),
                 );
             }
             if let Some(a) = o.granted_ms {
                 by_slot
-                    .entry((o.sem, e, slot))
+                    .entry((o.sem, slot))
                     .or_default()
                     .push((a, generation, &o.name));
             }
         }
     }
-    for ((sem, e, slot), mut v) in by_slot {
+    for ((sem, slot), mut v) in by_slot {
         v.sort();
         for pair in v.windows(2) {
             if pair[0].0 < pair[1].0 && pair[0].1 >= pair[1].1 {
                 r.violation(
                     "fencing",
                     format!(
-                        "{} slot {slot} (epoch {e}): {} was granted generation {} after {} got generation {}",
+                        "{} slot {slot}: {} was granted generation {} after {} got generation {}",
                         logs.cfg.sems[sem].name, pair[1].2, pair[1].1, pair[0].2, pair[0].1
                     ),
                 );

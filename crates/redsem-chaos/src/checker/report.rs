@@ -41,7 +41,7 @@ pub struct Report {
     pub longest_stall_ms: f64,
     /// Snapshots of the semaphores taken.
     pub snapshots: usize,
-    /// Fenced writes: accepted, rejected, refused (unknown epoch).
+    /// Fenced writes: accepted, rejected (decided by the FencedStore), refused (an op the resource never registered).
     pub writes: [usize; 3],
     /// Writes made by a stale holder: rejected, and accepted before any newer holder of the
     /// slot had written.
@@ -131,7 +131,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "snapshots of Redis: {}   fenced writes: {} accepted, {} rejected, {} refused (unknown epoch)",
+            "snapshots of Redis: {}   fenced writes: {} accepted, {} rejected, {} refused (unknown op)",
             self.snapshots, self.writes[0], self.writes[1], self.writes[2]
         );
         let _ = writeln!(

@@ -13,10 +13,12 @@
 //! | `hold <t> <worker> <op> <sem> <epoch>` | a holder registered with the resource; `epoch` is the Redis incarnation of its grant (`?` unknown) |
 //! | `write <t> <worker> <op> <sem> <slot> <epoch> <gen> <sent> <A/R/X>` | a fenced write and the resource's decision |
 //!
-//! The resource keeps, per semaphore and slot, the highest `(epoch, generation)` it has seen,
-//! and rejects a write that carries a lower one. The epoch stands in for what a fence record
-//! that survives a Redis data loss would provide (see the README's "Guarantees"); a grant whose
-//! acquire overlapped a restart has an unknown epoch, and its writes are refused (`X`).
+//! The resource's decisions are the shipped `FencedStore`'s (`fence.lua`), on a Redis of its
+//! own that no fault touches: per semaphore and slot, a write whose generation is below the
+//! highest seen is rejected. Generations alone decide — they stay above earlier ones across a
+//! data loss of the semaphore's Redis — so the checker proves the fencing property against
+//! what the library enforces, not against the runner's knowledge of restarts (the epoch is
+//! logged for the other properties). `X`: a write of an op the resource never registered.
 //!
 //! This file starts and stops everything and supervises the workers; `faults.rs` draws and
 //! injects the faults, `resource.rs` is the fenced resource, and `final_state.rs` reads what
@@ -47,7 +49,7 @@ use crate::now_us;
 use crate::proxy::ClientProxy;
 use faults::schedule;
 use final_state::final_state;
-use resource::{ResourceState, resource_server};
+use resource::{ResourceState, Store, resource_server};
 
 /// The Redis incarnation that served a request sent at `from` and answered by `to`:
 /// the number of restarts that were over (`dead`) before `from`, or `None` when a restart
@@ -86,6 +88,8 @@ struct Shared {
     restarts: Mutex<Vec<(i64, i64)>>,
     slots: Mutex<Vec<Option<WorkerState>>>,
     resource: Mutex<ResourceState>,
+    /// The `FencedStore`s that decide the writes, on their own Redis.
+    store: resource::Store,
     respawn: AtomicBool,
     next_worker: AtomicU32,
     acquisitions: AtomicU64,
@@ -124,6 +128,14 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     let redis_addr = server.addr();
     let redis_url = server.url();
     let server = Arc::new(Mutex::new(server));
+    // the fenced resource's own Redis: no fault touches it
+    let store_server =
+        tokio::task::spawn_blocking(move || Server::start_with(flavor, ServerOptions::default()))
+            .await
+            .context("starting the store's server")?;
+    let store_client = redsem::Client::connect(&store_server.url())
+        .await
+        .context("connecting to the store's server")?;
 
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
@@ -132,6 +144,7 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         restarts: Mutex::new(Vec::new()),
         slots: Mutex::new((0..cfg.workers).map(|_| None).collect()),
         resource: Mutex::new(ResourceState::default()),
+        store: Store::new(&store_client, cfg.sems.len()),
         respawn: AtomicBool::new(true),
         next_worker: AtomicU32::new(0),
         acquisitions: AtomicU64::new(0),

@@ -1,8 +1,11 @@
 //! The fenced resource: the workers register their grants (`A`), their waits (`B`) and
 //! their ends (`E`) with it, and send it their writes (`W`) with their fencing token, over
-//! `resource.sock`. It keeps, per semaphore and slot, the highest `(epoch, generation)` it has
-//! seen and rejects a write that carries a lower one; it logs every grant (`hold`) and every
-//! decision (`write`) in `runner.log`, under its lock, so the log order is the decision order.
+//! `resource.sock`. Each write is decided by the shipped [`FencedStore`] (`fence.lua`) on a
+//! Redis of its own that no fault touches: accepted when its generation is the highest the
+//! store has seen for the slot (or equal), rejected otherwise — generations alone, whatever
+//! Redis incarnation granted them. It logs every grant (`hold`, with the incarnation for the
+//! other properties) and every decision (`write`) in `runner.log`, under one lock held across
+//! the store's call, so the log order is the decision order.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +15,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use redsem::Fence;
+use redsem::fencing::FencedStore;
+
 use super::{Shared, epoch_of};
 use crate::now_us;
 
@@ -19,8 +25,26 @@ use crate::now_us;
 pub(super) struct ResourceState {
     /// op → (semaphore, epoch of its grant)
     pub(super) ops: HashMap<String, (usize, Option<u32>)>,
-    /// (semaphore, slot) → highest (epoch, generation) seen
-    pub(super) table: HashMap<(usize, u32), (u32, u64)>,
+}
+
+/// The store that decides the writes, one fence record per semaphore, and the lock that
+/// orders decisions and their log lines.
+pub(super) struct Store {
+    pub(super) stores: Vec<FencedStore>,
+    pub(super) order: tokio::sync::Mutex<()>,
+}
+
+impl Store {
+    /// Fence records `chaos:{sem<i>}:fences` (written value `chaos:{sem<i>}:value`) on the
+    /// store's own Redis.
+    pub(super) fn new(client: &redsem::Client, sems: usize) -> Store {
+        Store {
+            stores: (0..sems)
+                .map(|i| FencedStore::new(client, format!("chaos:{{sem{i}}}:fences")))
+                .collect(),
+            order: tokio::sync::Mutex::new(()),
+        }
+    }
 }
 
 /// Serves the workers' connections to the resource on `listener`.
@@ -71,21 +95,29 @@ async fn resource_conn(stream: UnixStream, shared: Arc<Shared>) {
                 let generation: u64 = f[4].parse().unwrap_or(0);
                 let sent = f[5];
                 let decision = {
-                    let mut res = shared.resource.lock().unwrap();
-                    let known = res.ops.get(op).copied();
+                    let _order = shared.store.order.lock().await;
+                    let known = shared.resource.lock().unwrap().ops.get(op).copied();
                     let (sem, epoch, d) = match known {
-                        Some((sem, Some(e))) => {
-                            let key = (sem, slot);
-                            let ok = res.table.get(&key).is_none_or(|&c| (e, generation) >= c);
-                            if ok {
-                                res.table.insert(key, (e, generation));
-                            }
-                            (sem, e.to_string(), if ok { 'A' } else { 'R' })
+                        Some((sem, epoch)) => {
+                            let fence = Fence { slot, generation };
+                            let key = format!("chaos:{{sem{sem}}}:value");
+                            let d = match shared.store.stores[sem]
+                                .write(fence, &key, format!("{op} {seq}").as_bytes())
+                                .await
+                            {
+                                Ok(true) => 'A',
+                                Ok(false) => 'R',
+                                // the store's Redis is never faulted: should not happen
+                                Err(e) => {
+                                    eprintln!("redsem-chaos: the fenced store failed: {e}");
+                                    'X'
+                                }
+                            };
+                            (sem, epoch.map_or("?".to_owned(), |e| e.to_string()), d)
                         }
-                        Some((sem, None)) => (sem, "?".to_owned(), 'X'),
                         None => (usize::MAX, "?".to_owned(), 'X'),
                     };
-                    // logged under the resource lock: the log order is the decision order
+                    // logged under the order lock: the log order is the decision order
                     shared.log.line(&format!(
                         "write {} {worker} {op} {sem} {slot} {epoch} {generation} {sent} {d}",
                         now_us()
