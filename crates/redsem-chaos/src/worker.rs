@@ -168,10 +168,10 @@ async fn main(args: WorkerArgs, cfg: Config) -> anyhow::Result<()> {
 /// A short, space-free description of an error for the log.
 fn why(e: &Error) -> String {
     let s = match e {
-        Error::Timeout(_) => "timeout".to_owned(),
-        Error::NoPermits => "no-permits".to_owned(),
+        Error::Timeout { .. } => "timeout".to_owned(),
+        Error::NoPermits { .. } => "no-permits".to_owned(),
         Error::Unreachable(_) => "unreachable".to_owned(),
-        Error::Closed => "closed".to_owned(),
+        Error::Closed { .. } => "closed".to_owned(),
         other => format!("other:{other}"),
     };
     s.split_whitespace().collect::<Vec<_>>().join("_")
@@ -369,8 +369,8 @@ async fn task(ctx: Arc<Ctx>, t: u32) {
                 ctx.log.line(&format!("fail {} {op} {}", now_us(), why(&e)));
                 res.send(&format!("E {op}")).await;
                 let pause = match e {
-                    Error::NoPermits => rng.u64(5..30),
-                    Error::Timeout(_) => rng.u64(0..10),
+                    Error::NoPermits { .. } => rng.u64(5..30),
+                    Error::Timeout { .. } => rng.u64(0..10),
                     _ => rng.u64(20..100),
                 };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -445,7 +445,7 @@ async fn hold(
     if use_run {
         match permit.run(work).await {
             Ok(()) => {}
-            Err(Error::LeaseLost(reason)) => {
+            Err(Error::LeaseLost { reason, .. }) => {
                 ctx.log
                     .line(&format!("lost {} {op} {}", now_us(), reason_name(reason)));
             }

@@ -2,7 +2,7 @@
 //!
 //! A thin layer over the `redsem` library: `run` executes a command while holding permits of
 //! a semaphore (like GNU `sem`, `consul lock` or `etcdctl lock`, but distributed, fair and
-//! fenced); `stats`, `list`, `watch`, `limit` and `release` let an operator see and steer
+//! fenced); `stats`, `list`, `watch`, `limit`, `release` and `delete` let an operator see and steer
 //! semaphores; `exporter` serves Prometheus metrics. See `README-cli.md` beside this crate.
 
 #[macro_use]
@@ -24,7 +24,7 @@ use common::parse_duration;
 /// Distributed, fair (FIFO), crash-safe and fenced semaphores on Redis.
 ///
 /// Run a command while holding a permit ("at most 4 of these jobs at once, across every
-/// machine"), and inspect, watch, resize and export metrics of semaphores.
+/// machine"), and inspect, watch, resize, delete and export metrics of semaphores.
 #[derive(Parser, Debug)]
 #[command(
     name = "redsem",
@@ -148,6 +148,8 @@ enum Command {
     Limit(LimitArgs),
     /// Operator's release of a holder (or a queued waiter): it learns it at its next renewal.
     Release(ReleaseArgs),
+    /// Delete a semaphore and every key of it; refused while in use, unless --force.
+    Delete(DeleteArgs),
     /// Serve Prometheus metrics of every semaphore under the prefix.
     Exporter(ExporterArgs),
 }
@@ -345,6 +347,18 @@ pub struct ReleaseArgs {
     pub holder: String,
 }
 
+/// Arguments of `redsem delete`.
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// Name of the semaphore.
+    pub name: String,
+    /// Delete even while permits are held or requests queued: holders lose their permits at
+    /// their next renewal (a `redsem run` command is then terminated, exit 75), waiters queue
+    /// again (re-creating the semaphore, with their own limit).
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// Arguments of `redsem exporter`.
 #[derive(Args, Debug)]
 pub struct ExporterArgs {
@@ -391,6 +405,7 @@ fn main() -> ExitCode {
             Command::Watch(a) => watch::watch(&g, a).await,
             Command::Limit(a) => show::limit(&g, a).await,
             Command::Release(a) => show::release(&g, a).await,
+            Command::Delete(a) => show::delete(&g, a).await,
             Command::Exporter(a) => exporter::serve(&g, a).await,
         }
     });

@@ -118,14 +118,14 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         r = acquire => r,
         sig = signals.recv() => {
             // the cancelled acquire leaves the queue in the background: let it finish
-            flush(&client).await;
+            shutdown(&client).await;
             return Ok(128 + sig as u8);
         }
     };
     let permit = match acquired {
         Ok(p) => p,
-        Err(e @ (redsem::Error::Timeout(_) | redsem::Error::NoPermits)) => {
-            flush(&client).await;
+        Err(e @ (redsem::Error::Timeout { .. } | redsem::Error::NoPermits { .. })) => {
+            shutdown(&client).await;
             let busy = match client.inspect(&name).await {
                 Ok(s) => format!(
                     "; {} of {} permits in use, {} waiting",
@@ -136,8 +136,12 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 Err(_) => String::new(),
             };
             let why = match e {
-                redsem::Error::NoPermits if a.nonblock => "not free right now (-n)".to_owned(),
-                redsem::Error::NoPermits => "not free right now (--timeout 0)".to_owned(),
+                redsem::Error::NoPermits { reason, .. } if a.nonblock => {
+                    format!("not free right now (-n): {reason}")
+                }
+                redsem::Error::NoPermits { reason, .. } => {
+                    format!("not free right now (--timeout 0): {reason}")
+                }
                 _ => format!("not granted within {}", fmt_dur(started.elapsed())),
             };
             say!(
@@ -147,7 +151,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             return Ok(a.conflict_exit_code);
         }
         Err(e) => {
-            flush(&client).await;
+            shutdown(&client).await;
             return Err(e.into());
         }
     };
@@ -180,7 +184,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 _ => (EXIT_NOT_EXECUTABLE, e.to_string()),
             };
             let _ = tokio::time::timeout(Duration::from_secs(3), permit.release()).await;
-            flush(&client).await;
+            shutdown(&client).await;
             say!(
                 "redsem: cannot run {:?}: {what}; the permits were released",
                 program.to_string_lossy()
@@ -233,7 +237,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         // the lease is gone: nothing of the group may keep using the resource
         killpg(pgid, libc::SIGKILL);
         drop(permit);
-        flush(&client).await;
+        shutdown(&client).await;
         return Ok(EXIT_LOST);
     }
     let held = permit.holder_id().to_owned();
@@ -253,7 +257,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             fmt_dur(a.lease)
         ),
     }
-    flush(&client).await;
+    shutdown(&client).await;
     Ok(exit_code(status))
 }
 
@@ -360,9 +364,9 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
     }
 }
 
-/// Waits (bounded) until the library's background releases are done.
-async fn flush(client: &redsem::Client) {
-    let _ = tokio::time::timeout(Duration::from_secs(3), client.flush_releases()).await;
+/// Shuts the client down (bounded): every release is done before the process exits.
+async fn shutdown(client: &redsem::Client) {
+    let _ = tokio::time::timeout(Duration::from_secs(3), client.shutdown()).await;
 }
 
 fn slots_var(permit: &redsem::Permit) -> String {

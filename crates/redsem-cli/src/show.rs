@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use crate::common::{self, Failure, fmt_dur, fmt_fences, table};
-use crate::{Global, LimitArgs, ListArgs, ReleaseArgs, StatsArgs};
+use crate::{DeleteArgs, Global, LimitArgs, ListArgs, ReleaseArgs, StatsArgs};
 
 /// Labels are cut to this many bytes in tables (JSON has them whole).
 const LABEL_WIDTH: usize = 60;
@@ -211,6 +211,21 @@ pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
         ""
     };
     out!("semaphore {:?}: limit {old} -> {}{note}\n", a.name, a.limit);
+    Ok(0)
+}
+
+/// `redsem delete NAME [--force]`.
+pub async fn delete(g: &Global, a: DeleteArgs) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    let evicted = client.delete_semaphore(&a.name, a.force).await?;
+    if evicted > 0 {
+        out!(
+            "semaphore {:?}: deleted, evicting {evicted} holder(s) and waiter(s); holders learn it at their next renewal\n",
+            a.name
+        );
+    } else {
+        out!("semaphore {:?}: deleted\n", a.name);
+    }
     Ok(0)
 }
 

@@ -138,6 +138,14 @@ b 'redsem run ab --label "small job" -- true &'
 sleep 0.5
 t 'redsem watch ab --interval 1s --iterations 2 | awk '"'"'/^redsem watch/{n++} n==2'"'"'  # the 2nd refresh'
 kill $(jobs -p) 2>/dev/null; wait
+echo "### delete"
+b 'redsem run old-pool --limit 2 --label "still running" -- sleep 600 2>old.err & P=$!'
+sleep 0.5
+t 'redsem delete old-pool'
+t 'redsem delete old-pool --force'
+b 'wait $P; echo "redsem run exited with $?"; cat old.err'
+t 'redsem delete old-pool'
+t 'redsem delete old-pool'
 exec 1>&3 2>&3
 python3 - "$work/all.txt" "$here/README-cli.md.in" "$here/../README-cli.md" "$root/README.md" <<'PY'
 import re, sys

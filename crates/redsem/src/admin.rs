@@ -105,6 +105,51 @@ impl Client {
         Ok(self.existing(&keys, reply)? > 0)
     }
 
+    /// Deletes the semaphore `name`: every key of it in Redis (configuration, queue, leases,
+    /// records, slot map, free slots, fences). Refused with [`Error::InUse`] while anyone
+    /// holds or waits (expired entries do not count), unless `force`.
+    ///
+    /// A forced delete evicts like [`Semaphore::force_release`](crate::Semaphore::force_release):
+    /// holders learn it at their next renewal (within one renewal interval) and their
+    /// permits are lost; waiters are queued again. A handle still open on it (in any process)
+    /// re-creates it, with its own limit, at its next call, as after a data loss: stop those
+    /// processes, or close their handles, to remove it for good. Fences never go back across
+    /// a delete and a re-create: a new grant's generation is at least Redis's clock in
+    /// microseconds (see [`crate::fencing`]).
+    ///
+    /// Use it to drop a semaphore nobody uses any more, or to re-create one under a new
+    /// protocol version. Returns how many entries (holders and waiters) were evicted: 0
+    /// unless forced.
+    ///
+    /// # Cost
+    /// One script call, O(entries + limit).
+    ///
+    /// # Errors
+    /// [`Error::InUse`] as above; [`Error::UnknownSemaphore`] when it does not exist;
+    /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
+    pub async fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
+        let keys = Keys::new(&self.inner.prefix, name)?;
+        let mut conn = self.inner.conn.clone();
+        let publish = self.inner.publish;
+        let reply = scripts::delete_existing(&mut conn, &keys, publish, force).await;
+        let d = self.existing(&keys, reply)?;
+        if !d.deleted {
+            return Err(Error::InUse {
+                name: name.to_owned(),
+                holders: d.holders,
+                waiters: d.waiters,
+            });
+        }
+        tracing::info!(
+            semaphore = name,
+            force,
+            evicted_holders = d.holders,
+            evicted_waiters = d.waiters,
+            "semaphore deleted"
+        );
+        Ok(d.holders + d.waiters)
+    }
+
     /// Waits until the background task has performed every release handed to it before this
     /// call: those of dropped [`Permit`](crate::Permit)s and of cancelled or timed-out
     /// acquires (each retried a few times if Redis fails; the entries otherwise expire with

@@ -5,7 +5,8 @@ use std::time::Duration;
 use crate::client::Client;
 use crate::engine::{Handle, OpenSettings, Timing};
 use crate::error::Error;
-use crate::semaphore::{MAX_LIMIT, Semaphore, check_duration};
+use crate::options::check_duration;
+use crate::semaphore::{MAX_LIMIT, Semaphore};
 
 /// Opens a [`Semaphore`]; made by [`Client::semaphore`].
 #[derive(Debug)]
@@ -139,12 +140,7 @@ impl SemaphoreBuilder {
             Some(l) => l.clone(),
             None => default_label(),
         };
-        if label.len() > 200 {
-            return bad(format!(
-                "label is {} bytes long; the maximum is 200",
-                label.len()
-            ));
-        }
+        crate::options::check_label(&label)?;
         Ok((
             self.client,
             OpenSettings {

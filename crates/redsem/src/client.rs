@@ -96,6 +96,41 @@ impl Client {
             .await
             .map_err(|e| Error::from_redis(e, ""))
     }
+
+    /// Shuts the client down gracefully; call it before a process exits.
+    ///
+    /// In order:
+    /// 1. every semaphore handle opened from this client (and its clones) is closed:
+    ///    pending and later acquires fail with [`Error::Closed`], and opening a semaphore
+    ///    from this client fails the same way;
+    /// 2. permits still held are given up: each is declared lost
+    ///    ([`LostReason::Shutdown`](crate::LostReason::Shutdown): [`Permit::run`](crate::Permit::run)
+    ///    cancels its work, [`Permit::lost`](crate::Permit::lost) resolves) and released;
+    /// 3. it waits until every release is done — those of step 2, of queued tickets, and of
+    ///    permits dropped earlier — so that a process that exits right after does not leave
+    ///    slots or tickets behind until their leases expire;
+    /// 4. it unsubscribes and stops the background tasks (releases, notifications, Sentinel
+    ///    following; each handle's heartbeat and batching task).
+    ///
+    /// Returning from `main` without it drops the releases still queued: a quick rerun then
+    /// waits up to one lease for the slots of the first run. An acquisition whose script
+    /// call is in flight when `shutdown` starts is released if its reply comes before the
+    /// releases are done, and otherwise expires with its lease.
+    ///
+    /// Idempotent. Bound it with a timeout if Redis may be unreachable: each release is tried
+    /// a few times (a few seconds in all, more if Redis does not answer) before being left to expire.
+    ///
+    /// # Cost
+    /// One script call per semaphore with something to release (batched), one `UNSUBSCRIBE`
+    /// per handle.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown().await;
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.is_shut_down()
+    }
 }
 
 /// Configures and connects a [`Client`].
@@ -248,10 +283,10 @@ impl ClientBuilder {
                 "connect and response timeouts must be greater than zero".into(),
             ));
         }
-        crate::semaphore::check_duration("connect timeout", self.connect_timeout)?;
-        crate::semaphore::check_duration("response timeout", self.response_timeout)?;
+        crate::options::check_duration("connect timeout", self.connect_timeout)?;
+        crate::options::check_duration("response timeout", self.response_timeout)?;
         if let Some((_, timeout)) = self.synced {
-            crate::semaphore::check_duration("synced-mode timeout", timeout)?;
+            crate::options::check_duration("synced-mode timeout", timeout)?;
         }
         if let Some((_, timeout)) = self.synced
             && timeout.is_zero()

@@ -14,6 +14,36 @@ pub enum LostReason {
     /// Renewals failed (Redis unreachable or too slow) until the lease could have expired on
     /// the server. The slot may or may not still be held; it must be treated as lost.
     Unreachable,
+    /// The client was shut down ([`Client::shutdown`](crate::Client::shutdown)) while the
+    /// permit was held: its entry was released.
+    Shutdown,
+}
+
+/// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NoPermitsReason {
+    /// Fewer permits are free than requested.
+    NoneFree,
+    /// Enough permits are free, but other requests are queued and FIFO order grants them
+    /// first.
+    QueuedFirst,
+    /// This process's local cap
+    /// ([`SemaphoreBuilder::local_cap`](crate::SemaphoreBuilder::local_cap)) is used up;
+    /// Redis was not asked.
+    LocalCap,
+}
+
+impl fmt::Display for NoPermitsReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NoPermitsReason::NoneFree => "fewer permits are free than requested",
+            NoPermitsReason::QueuedFirst => {
+                "permits are free, but other requests are queued first (FIFO)"
+            }
+            NoPermitsReason::LocalCap => "this process's local cap is used up",
+        })
+    }
 }
 
 impl fmt::Display for LostReason {
@@ -23,6 +53,7 @@ impl fmt::Display for LostReason {
             LostReason::Unreachable => {
                 "renewals failed until the lease could have expired (Redis unreachable or slow)"
             }
+            LostReason::Shutdown => "the client was shut down (Client::shutdown) while it was held",
         })
     }
 }
@@ -58,31 +89,56 @@ pub enum Error {
 
     /// More permits were requested at once than the semaphore's limit: such a request could
     /// never be granted.
-    #[error("requested {requested} permits at once, but the limit is {limit}")]
+    #[error("semaphore {name:?}: requested {requested} permits at once, but the limit is {limit}")]
     #[non_exhaustive]
     TooManyPermits {
+        /// The semaphore's name.
+        name: String,
         /// Permits requested.
         requested: u32,
         /// The semaphore's limit at the time of the request.
         limit: u32,
     },
 
-    /// `try_acquire`: no capacity right now (or other acquirers are queued, and FIFO order
-    /// puts them first).
-    #[error("no permits available right now")]
-    NoPermits,
+    /// `try_acquire`: the permits cannot be taken right now; [`NoPermitsReason`] says why.
+    #[error("semaphore {name:?}: no permits right now: {reason}")]
+    #[non_exhaustive]
+    NoPermits {
+        /// The semaphore's name.
+        name: String,
+        /// Why: none free, or free but others are queued first (FIFO), or this process's
+        /// local cap is used up.
+        reason: NoPermitsReason,
+    },
 
     /// The acquire did not succeed within its timeout; its place in the queue was given up.
-    #[error("timed out after {0:?} waiting for permits")]
-    Timeout(Duration),
+    #[error("semaphore {name:?}: timed out after {timeout:?} waiting for permits")]
+    #[non_exhaustive]
+    Timeout {
+        /// The semaphore's name.
+        name: String,
+        /// The timeout that ran out.
+        timeout: Duration,
+    },
 
     /// The permit's slot was lost while the work ran (see [`LostReason`]).
-    #[error("the semaphore slot was lost: {0}")]
-    LeaseLost(LostReason),
+    #[error("semaphore {name:?}: the slot was lost: {reason}")]
+    #[non_exhaustive]
+    LeaseLost {
+        /// The semaphore's name.
+        name: String,
+        /// Why it was lost.
+        reason: LostReason,
+    },
 
-    /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close).
-    #[error("the semaphore was closed")]
-    Closed,
+    /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
+    /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
+    #[error("semaphore {name:?} was closed (Semaphore::close or Client::shutdown)")]
+    #[non_exhaustive]
+    Closed {
+        /// The semaphore's name.
+        name: String,
+    },
 
     /// The semaphore does not exist under the client's key prefix (returned by the
     /// operator functions of [`Client`](crate::Client), such as
@@ -99,6 +155,22 @@ pub enum Error {
         prefix: String,
     },
 
+    /// [`Client::delete_semaphore`](crate::Client::delete_semaphore) without `force`: the
+    /// semaphore has live holders or waiters. Wait until they are done, or delete with
+    /// `force` (CLI: `--force`) to evict them.
+    #[error(
+        "semaphore {name:?} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them"
+    )]
+    #[non_exhaustive]
+    InUse {
+        /// The semaphore's name.
+        name: String,
+        /// Live holders (acquisitions, not permits).
+        holders: u32,
+        /// Queued waiters.
+        waiters: u32,
+    },
+
     /// A key of the semaphore holds a value of another type: another program uses the same
     /// key names. Pick another name or key prefix, or delete the foreign keys.
     #[error(
@@ -113,8 +185,10 @@ pub enum Error {
     },
 
     /// The semaphore was created under another, incompatible version of the redsem protocol
-    /// (a newer client, or another implementation; see `docs/PROTOCOL.md`). Nothing was
-    /// changed. Use a client that speaks that version, or recreate the semaphore.
+    /// (a newer client, or another implementation; see `docs/PROTOCOL.md`), or Redis
+    /// answered with a reply or a stored entry redsem cannot read. Nothing was changed. Use
+    /// a client that speaks that version, or recreate the semaphore
+    /// ([`Client::delete_semaphore`](crate::Client::delete_semaphore)).
     #[error("semaphore {name:?}: {detail}")]
     #[non_exhaustive]
     ProtocolMismatch {
@@ -206,8 +280,8 @@ impl Error {
         matches!(
             self,
             Error::Unreachable(_)
-                | Error::Timeout(_)
-                | Error::NoPermits
+                | Error::Timeout { .. }
+                | Error::NoPermits { .. }
                 | Error::NotReplicated { .. }
         )
     }
@@ -217,9 +291,50 @@ impl Error {
         match err {
             CallError::Denied(detail) => Error::NoPermission(detail),
             CallError::Redis(e) => Error::from_redis(e, name),
-            CallError::Unreadable(text) => {
-                Error::InvalidArgument(format!("semaphore {name:?}: {text}"))
-            }
+            CallError::Unreadable(text) => Error::ProtocolMismatch {
+                name: name.to_owned(),
+                detail: format!("a reply or stored entry could not be read: {text}"),
+            },
+        }
+    }
+
+    pub(crate) fn closed(name: &str) -> Error {
+        Error::Closed {
+            name: name.to_owned(),
+        }
+    }
+
+    pub(crate) fn lease_lost(name: &str, reason: LostReason) -> Error {
+        Error::LeaseLost {
+            name: name.to_owned(),
+            reason,
+        }
+    }
+
+    pub(crate) fn no_permits(name: &str, reason: NoPermitsReason) -> Error {
+        Error::NoPermits {
+            name: name.to_owned(),
+            reason,
+        }
+    }
+
+    /// The name of the semaphore this error is about, when it is about one.
+    pub fn semaphore(&self) -> Option<&str> {
+        match self {
+            Error::LimitConflict { name, .. }
+            | Error::TooManyPermits { name, .. }
+            | Error::NoPermits { name, .. }
+            | Error::Timeout { name, .. }
+            | Error::LeaseLost { name, .. }
+            | Error::Closed { name }
+            | Error::UnknownSemaphore { name, .. }
+            | Error::InUse { name, .. }
+            | Error::WrongType { name, .. }
+            | Error::ProtocolMismatch { name, .. }
+            | Error::Corrupt { name, .. }
+            | Error::EvictingPolicy { name, .. }
+            | Error::NotReplicated { name, .. } => Some(name),
+            _ => None,
         }
     }
 

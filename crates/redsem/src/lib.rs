@@ -87,7 +87,7 @@
 
 // Layers, top to bottom; a module imports only from layers below its own (see
 // docs/ARCHITECTURE.md; checked by tests/layers.rs):
-//   public API: semaphore, builder, permit, client, admin, tower, fencing, stats, guide
+//   public API: semaphore, options, builder, permit, client, admin, tower, fencing, stats, guide
 //   engine:     engine/ (acquire, batching, heartbeat, releaser, notifier, table, ...)
 //   protocol:   scripts/ (the Lua scripts, their arguments and the only reply parser)
 //   transport:  backend/ (URLs, TLS, standalone, cluster, Sentinel connections)
@@ -99,6 +99,7 @@ mod builder;
 mod client;
 pub mod fencing;
 pub mod guide;
+mod options;
 mod permit;
 mod semaphore;
 mod stats;
@@ -120,11 +121,12 @@ pub mod metrics;
 pub use backend::redact_url;
 pub use builder::SemaphoreBuilder;
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
-pub use error::{BackendError, Error, LostReason};
+pub use error::{BackendError, Error, LostReason, NoPermitsReason};
 /// The key layout, for the crates of this workspace (the chaos suite reads the keys).
 #[doc(hidden)]
 pub use keys::Keys;
 pub use keys::MAX_NAME_LEN;
+pub use options::{AcquireOptions, MAX_DURATION};
 pub use permit::{Fence, Permit};
-pub use semaphore::{MAX_DURATION, MAX_LIMIT, Semaphore};
+pub use semaphore::{MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, Stats, WaiterInfo};

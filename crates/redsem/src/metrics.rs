@@ -18,7 +18,7 @@
 //! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
 //! | `redsem_renewals_total` | counter | | batched renewal calls that reached Redis (one per heartbeat, whatever the number of leases) |
 //! | `redsem_renewals_failed_total` | counter | | batched renewal calls that failed or timed out (they are retried) |
-//! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable` | permits lost (see [`LostReason`](crate::LostReason)) |
+//! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable`, `shutdown` | permits lost (see [`LostReason`](crate::LostReason)) |
 //! | `redsem_expiries_reaped_total` | counter (absolute) | | leases of holders and waiters reaped on expiry since the semaphore was created, *server-wide*: set from [`Semaphore::stats`](crate::Semaphore::stats) |
 //! | `redsem_releases_abandoned_total` | counter | | background releases given up after retries (the entries expire with their leases) |
 //! | `redsem_local_waiters` | gauge | | acquisitions of this process waiting now |
@@ -41,7 +41,7 @@ pub const HOLD_SECONDS: &str = "redsem_hold_seconds";
 pub const RENEWALS_TOTAL: &str = "redsem_renewals_total";
 /// Counter: batched renewal calls that failed or timed out.
 pub const RENEWALS_FAILED_TOTAL: &str = "redsem_renewals_failed_total";
-/// Counter: permits lost, by `reason` (`not_holder`, `unreachable`).
+/// Counter: permits lost, by `reason` (`not_holder`, `unreachable`, `shutdown`).
 pub const LEASES_LOST_TOTAL: &str = "redsem_leases_lost_total";
 /// Counter (absolute, server-wide): leases reaped on expiry, as last seen by
 /// [`Semaphore::stats`](crate::Semaphore::stats).
@@ -137,9 +137,9 @@ mod imp {
 
     pub(crate) fn acquire_failed(sem: &str, err: &Error) {
         let reason = match err {
-            Error::Timeout(_) => "timeout",
-            Error::NoPermits => "no_permits",
-            Error::Closed => "closed",
+            Error::Timeout { .. } => "timeout",
+            Error::NoPermits { .. } => "no_permits",
+            Error::Closed { .. } => "closed",
             Error::TooManyPermits { .. } => "too_many_permits",
             Error::InvalidArgument(_) => "invalid_argument",
             _ => "error",
@@ -161,6 +161,7 @@ mod imp {
         let reason = match reason {
             LostReason::NotHolder => "not_holder",
             LostReason::Unreachable => "unreachable",
+            LostReason::Shutdown => "shutdown",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -115,6 +116,51 @@ impl Permit {
         self.held.is_lost()
     }
 
+    /// Time left before the lease could run out in Redis if no further renewal succeeded: the
+    /// local deadline that [`is_lost`](Self::is_lost) checks, counted from the confirmed
+    /// renewal before the last (so a little under one lease right after a renewal, and
+    /// about one renewal interval less just before the next). Zero once lost. Cheap, no I/O.
+    ///
+    /// The lease itself is renewed in the background: this is not the time left to work,
+    /// only how long the permit stays trustworthy should Redis become unreachable now.
+    pub fn lease_left(&self) -> Duration {
+        self.held.lease_left()
+    }
+
+    /// The length of this permit's lease: what each renewal extends it by (the handle's,
+    /// the acquisition's, or the last [`set_lease`](Self::set_lease)).
+    pub fn lease(&self) -> Duration {
+        self.held.lease_len()
+    }
+
+    /// Changes the length of this permit's lease, as Redisson's `updateLeaseTime`: Redis
+    /// extends the entry by `lease` from now, and every later renewal by `lease` too. A
+    /// longer lease keeps the slot for a job whose renewals may be held up (a long GC pause,
+    /// a slow network), at the price of a longer wait for the slot after a crash; a shorter
+    /// one frees the slot sooner after a crash.
+    ///
+    /// A shorter lease counts locally at once ([`lease_left`](Self::lease_left) and
+    /// [`is_lost`](Self::is_lost) use it even before Redis confirms); a longer one only from
+    /// the renewals after the change (until then the old length bounds the local deadline).
+    ///
+    /// # Cost
+    /// One script call.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not leave the new lease in Redis; the local deadline
+    /// then keeps the shorter of the two lengths, so it is never later than Redis's.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the permit is already lost, or Redis no longer has it (the
+    /// permit is then declared lost); [`Error::InvalidArgument`] for a lease shorter than
+    /// three renewal intervals of the semaphore handle or above
+    /// [`MAX_DURATION`](crate::MAX_DURATION); connection and permission errors (the lease
+    /// keeps its old length, or the shorter one if the change may have landed).
+    pub async fn set_lease(&mut self, lease: Duration) -> Result<(), Error> {
+        crate::options::check_duration("lease", lease)?;
+        self.held.set_lease(lease).await
+    }
+
     /// A future that resolves with the reason once the lease is lost, and never resolves if
     /// it is not (including after release). `'static`, so it can be moved into a task.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
@@ -162,7 +208,7 @@ impl Permit {
         );
         let result = tokio::select! {
             biased;
-            reason = lost => Err(Error::LeaseLost(reason)),
+            reason = lost => Err(Error::lease_lost(self.held.name(), reason)),
             out = work.instrument(span) => Ok(out),
         };
         drop(self);

@@ -5,33 +5,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::engine::Handle;
 use crate::error::Error;
+use crate::options::AcquireOptions;
 use crate::permit::Permit;
 use crate::scripts;
 use crate::stats::Stats;
 
 pub use crate::keys::MAX_LIMIT;
-
-/// Longest accepted lease, renewal or poll interval, and timeout: 365 days.
-///
-/// Durations are stored in Redis as milliseconds and added to this process's clock; the
-/// bound keeps both far from overflow (`Duration::MAX` would panic or wrap). Longer values
-/// are refused with [`Error::InvalidArgument`]; to wait without a time limit, use
-/// [`Semaphore::acquire`] instead of a huge timeout.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
-
-/// [`Error::InvalidArgument`] when `d` (named `what`) is above [`MAX_DURATION`].
-pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
-    if d > MAX_DURATION {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {d:?} is longer than the maximum of 365 days (redsem::MAX_DURATION)"
-        )));
-    }
-    Ok(())
-}
 
 /// A fair (FIFO), crash-safe counting semaphore whose permits are shared by every process
 /// that opens it under the same name on the same Redis.
@@ -102,7 +83,7 @@ impl Semaphore {
     /// permit was released), and [`Error::LeaseLost`] when the grant was gone by the time it
     /// was confirmed.
     pub async fn acquire(&self) -> Result<Permit, Error> {
-        self.acquire_inner(1, false, None).await
+        self.acquire_with(AcquireOptions::new()).await
     }
 
     /// Waits for `n` permits at once, in FIFO order (see [Fairness](Self#fairness)).
@@ -116,7 +97,7 @@ impl Semaphore {
     /// by another process counts at once; and again if the limit shrinks below `n` while
     /// waiting); otherwise as [`acquire`](Self::acquire).
     pub async fn acquire_many(&self, n: u32) -> Result<Permit, Error> {
-        self.acquire_inner(n, false, None).await
+        self.acquire_with(AcquireOptions::new().permits(n)).await
     }
 
     /// [`acquire`](Self::acquire) that gives up after `timeout`.
@@ -128,11 +109,12 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Timeout`] when no permit was granted in time (its place in the queue is
-    /// given up); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`] (use
+    /// given up); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`](crate::MAX_DURATION) (use
     /// [`acquire`](Self::acquire) to wait without a limit); otherwise as
     /// [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit, Error> {
-        self.acquire_many_timeout(1, timeout).await
+        self.acquire_with(AcquireOptions::new().timeout(timeout))
+            .await
     }
 
     /// [`acquire_many`](Self::acquire_many) that gives up after `timeout`.
@@ -143,9 +125,7 @@ impl Semaphore {
     /// # Errors
     /// As [`acquire_timeout`](Self::acquire_timeout) and [`acquire_many`](Self::acquire_many).
     pub async fn acquire_many_timeout(&self, n: u32, timeout: Duration) -> Result<Permit, Error> {
-        check_duration("acquire timeout", timeout)?;
-        let deadline = Instant::now() + timeout;
-        self.acquire_inner(n, false, Some((deadline, timeout)))
+        self.acquire_with(AcquireOptions::new().permits(n).timeout(timeout))
             .await
     }
 
@@ -160,7 +140,8 @@ impl Semaphore {
     /// [`Error::NoPermits`] when it would have to wait; otherwise as
     /// [`acquire`](Self::acquire).
     pub async fn try_acquire(&self) -> Result<Permit, Error> {
-        self.acquire_inner(1, true, None).await
+        self.acquire_with(AcquireOptions::new().try_only(true))
+            .await
     }
 
     /// Takes `n` permits only if they are free now and nobody is queued.
@@ -171,7 +152,55 @@ impl Semaphore {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire) and [`acquire_many`](Self::acquire_many).
     pub async fn try_acquire_many(&self, n: u32) -> Result<Permit, Error> {
-        self.acquire_inner(n, true, None).await
+        self.acquire_with(AcquireOptions::new().permits(n).try_only(true))
+            .await
+    }
+
+    /// The general form of every `acquire` method: the permits, lease, label, timeout and
+    /// mode of [`options`](AcquireOptions). The other methods are shorthands for it.
+    ///
+    /// ```no_run
+    /// # async fn f(sem: redsem::Semaphore) -> Result<(), redsem::Error> {
+    /// use std::time::Duration;
+    /// use redsem::AcquireOptions;
+    ///
+    /// let permit = sem
+    ///     .acquire_with(
+    ///         AcquireOptions::new()
+    ///             .lease(Duration::from_secs(120))
+    ///             .label("job 42")
+    ///             .timeout(Duration::from_secs(10)),
+    ///     )
+    ///     .await?;
+    /// # drop(permit); Ok(()) }
+    /// ```
+    ///
+    /// # Cost
+    /// As [`acquire`](Self::acquire): at most one script call, shared with the acquisitions
+    /// made while a call is in flight. A lease or label of its own adds one small allocation.
+    ///
+    /// # Cancel safety
+    /// As for [`acquire`](Self::acquire) (or [`try_acquire`](Self::try_acquire) in try-only
+    /// mode).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], before anything is sent, for 0 permits, a lease shorter
+    /// than three renewal intervals of this handle or above [`MAX_DURATION`](crate::MAX_DURATION), a label over
+    /// 200 bytes, a timeout above [`MAX_DURATION`](crate::MAX_DURATION), or a timeout with try-only; otherwise as
+    /// [`acquire_many_timeout`](Self::acquire_many_timeout) or
+    /// [`try_acquire_many`](Self::try_acquire_many).
+    pub fn acquire_with(
+        &self,
+        options: AcquireOptions,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
+        use futures_util::FutureExt as _;
+        use futures_util::future::{Either, ready};
+        match options.into_ask(&self.handle.timing) {
+            // A combinator, not an `async fn`: a waiting task carries this future as long as
+            // it waits, and an `async fn` layer would store its own copy of the arguments.
+            Ok(ask) => Either::Left(self.handle.acquire(ask).map(|held| held.map(Permit::new))),
+            Err(e) => Either::Right(ready(Err(e))),
+        }
     }
 
     /// Acquires one permit, runs `work` under it and releases it; if the permit is lost
@@ -258,20 +287,5 @@ impl Semaphore {
     /// `(holders, waiters)` entries.
     pub fn local_counts(&self) -> (usize, usize) {
         self.handle.local_counts()
-    }
-
-    /// One acquisition through the engine, wrapped into a [`Permit`]. A combinator, not an
-    /// `async fn`: a waiting task carries this future as long as it waits, and an `async fn`
-    /// layer would store its own copy of the arguments.
-    fn acquire_inner(
-        &self,
-        n: u32,
-        try_only: bool,
-        deadline: Option<(Instant, Duration)>,
-    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
-        use futures_util::FutureExt as _;
-        self.handle
-            .acquire(n, try_only, deadline)
-            .map(|held| held.map(Permit::new))
     }
 }

@@ -52,7 +52,7 @@
 //!         // axum needs infallible services: turn this layer's errors into responses
 //!         .layer(HandleErrorLayer::new(|err: BoxError| async move {
 //!             match err.downcast_ref::<redsem::Error>() {
-//!                 Some(redsem::Error::Timeout(_)) => {
+//!                 Some(redsem::Error::Timeout { .. }) => {
 //!                     (StatusCode::SERVICE_UNAVAILABLE, "busy, retry later".to_owned())
 //!                 }
 //!                 _ => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),

@@ -80,7 +80,7 @@ async fn scenario(url: &str, name: &str) -> Result<(), Error> {
     a.release().await?;
     let c = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
-        .map_err(|_| Error::Timeout(Duration::from_secs(5)))?
+        .map_err(|_| Error::InvalidArgument("the waiter was not granted within 5 s".into()))?
         .unwrap()?;
     let st = sem.stats().await?;
     assert_eq!(st.in_use, 2);

@@ -94,7 +94,7 @@ async fn try_acquire_fails_fast_when_full_or_when_others_queue() {
         let _b = sem.try_acquire().await.unwrap();
         assert!(matches!(
             sem.try_acquire().await,
-            Err(redsem::Error::NoPermits)
+            Err(redsem::Error::NoPermits { .. })
         ));
         // a queued waiter has priority over a later try_acquire even when a permit frees
         let waiter = {
@@ -114,7 +114,7 @@ async fn try_acquire_fails_fast_when_full_or_when_others_queue() {
         );
         assert!(matches!(
             sem.try_acquire().await,
-            Err(redsem::Error::NoPermits)
+            Err(redsem::Error::NoPermits { .. })
         ));
         drop(_b);
         let w = waiter.await.unwrap();
@@ -256,7 +256,7 @@ async fn resize_grows_at_once_and_shrinks_as_holders_leave() {
         );
         assert!(matches!(
             sem.try_acquire().await,
-            Err(redsem::Error::NoPermits)
+            Err(redsem::Error::NoPermits { .. })
         ));
         drop(a);
         assert!(

@@ -263,7 +263,7 @@ async fn no_background_task_outlives_the_client() {
             let sem = sem.clone();
             tokio::spawn(async move { sem.acquire_timeout(Duration::from_millis(200)).await })
         };
-        assert!(matches!(waiter.await.unwrap(), Err(Error::Timeout(_))));
+        assert!(matches!(waiter.await.unwrap(), Err(Error::Timeout { .. })));
         drop(held);
         assert!(client.semaphore("tasks", 9).open().await.is_err());
         assert!(metrics.num_alive_tasks() > 0);

@@ -58,7 +58,7 @@ async fn timed_out_acquire_gives_up_its_place() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, redsem::Error::Timeout(d) if d == Duration::from_millis(300)),
+            matches!(err, redsem::Error::Timeout { timeout, .. } if timeout == Duration::from_millis(300)),
             "{err}"
         );
         assert!(started.elapsed() >= Duration::from_millis(300));
@@ -137,8 +137,14 @@ async fn closing_fails_pending_and_later_acquires_and_cleans_up() {
         );
         sem.close();
         assert!(sem.is_closed());
-        assert!(matches!(waiter.await.unwrap(), Err(redsem::Error::Closed)));
-        assert!(matches!(sem.acquire().await, Err(redsem::Error::Closed)));
+        assert!(matches!(
+            waiter.await.unwrap(),
+            Err(redsem::Error::Closed { .. })
+        ));
+        assert!(matches!(
+            sem.acquire().await,
+            Err(redsem::Error::Closed { .. })
+        ));
         // a held permit stays valid until dropped
         assert!(!held.is_lost());
         drop(held);
@@ -168,7 +174,7 @@ async fn local_cap_limits_this_process_share_of_the_queue() {
         assert_eq!(card(&server, "cap", "queue"), 0);
         assert!(matches!(
             sem.try_acquire().await,
-            Err(redsem::Error::NoPermits)
+            Err(redsem::Error::NoPermits { .. })
         ));
         assert!(matches!(
             sem.acquire_many(3).await,
@@ -269,7 +275,7 @@ async fn cancelling_acquire_or_release_at_any_moment_leaves_nothing_behind() {
             assert!(cancelled.is_err(), "granted while all permits are held");
             let timed_out = sem.acquire_timeout(t).await;
             assert!(
-                matches!(timed_out, Err(redsem::Error::Timeout(_))),
+                matches!(timed_out, Err(redsem::Error::Timeout { .. })),
                 "{timed_out:?}"
             );
             assert!(

@@ -224,7 +224,10 @@ async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
         assert!(
             matches!(
                 result,
-                Err(redsem::Error::LeaseLost(redsem::LostReason::NotHolder))
+                Err(redsem::Error::LeaseLost {
+                    reason: redsem::LostReason::NotHolder,
+                    ..
+                })
             ),
             "{result:?}"
         );
@@ -277,7 +280,7 @@ async fn renewal_never_recreates_an_expired_entry() {
         assert_eq!(entries(&server, "no-recreate"), [0, 0, 0, 0]);
         assert!(matches!(
             permit.run(async {}).await,
-            Err(redsem::Error::LeaseLost(_))
+            Err(redsem::Error::LeaseLost { .. })
         ));
         let fresh = sem.try_acquire().await.unwrap();
         assert!(fresh.fences()[0].generation > old_generation);

@@ -271,7 +271,7 @@ async fn metrics_count_grants_waits_holds_failures_and_expiries() {
         .acquire_timeout(Duration::from_millis(50))
         .await
         .unwrap_err();
-    assert!(matches!(err, redsem::Error::Timeout(_)));
+    assert!(matches!(err, redsem::Error::Timeout { .. }));
     assert_eq!(
         value(&format!(
             "redsem_acquire_failures_total{{reason=timeout,{name}}}"

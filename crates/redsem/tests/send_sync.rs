@@ -106,6 +106,7 @@ fn public_types_are_send_and_sync() {
     send_sync_static::<Error>();
     send_sync_static::<BackendError>();
     // errors box into the usual `Box<dyn Error + Send + Sync>`
-    let _: Box<dyn std::error::Error + Send + Sync> = Box::new(Error::Closed);
+    let _: Box<dyn std::error::Error + Send + Sync> =
+        Box::new(Error::InvalidArgument(String::new()));
     send_sync::<&Semaphore>();
 }

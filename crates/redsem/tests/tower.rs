@@ -63,7 +63,7 @@ fn replica(sem: redsem::Semaphore, gauge: Gauge, hold: Duration) -> Router {
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(|err: BoxError| async move {
                     let status = match err.downcast_ref::<redsem::Error>() {
-                        Some(redsem::Error::Timeout(_) | redsem::Error::NoPermits) => {
+                        Some(redsem::Error::Timeout { .. } | redsem::Error::NoPermits { .. }) => {
                             StatusCode::TOO_MANY_REQUESTS
                         }
                         _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -153,7 +153,7 @@ async fn a_lost_slot_fails_the_request_with_a_clear_error() {
                     .layer(HandleErrorLayer::new(|err: BoxError| async move {
                         let lost = matches!(
                             err.downcast_ref::<redsem::Error>(),
-                            Some(redsem::Error::LeaseLost(_))
+                            Some(redsem::Error::LeaseLost { .. })
                         );
                         (
                             StatusCode::SERVICE_UNAVAILABLE,
@@ -178,7 +178,7 @@ async fn a_lost_slot_fails_the_request_with_a_clear_error() {
     let (status, body) = request.await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(
-        body.starts_with("lost=true: the semaphore slot was lost"),
+        body.starts_with("lost=true: semaphore \"lossy\": the slot was lost"),
         "{body}"
     );
     assert!(
@@ -280,7 +280,7 @@ async fn acquire_timeout_and_dropped_futures_leave_nothing_behind() {
     assert!(
         matches!(
             err.downcast_ref::<redsem::Error>(),
-            Some(redsem::Error::Timeout(_))
+            Some(redsem::Error::Timeout { .. })
         ),
         "{err}"
     );
@@ -292,7 +292,7 @@ async fn acquire_timeout_and_dropped_futures_leave_nothing_behind() {
     assert!(
         matches!(
             err.downcast_ref::<redsem::Error>(),
-            Some(redsem::Error::NoPermits)
+            Some(redsem::Error::NoPermits { .. })
         ),
         "{err}"
     );

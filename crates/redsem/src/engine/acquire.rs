@@ -23,13 +23,24 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::batch;
+use super::batch::{self, Custom};
 use super::handle::Handle;
 use super::held::Held;
-use super::lease::LeaseState;
+use super::lease::{LeaseState, deadline_after};
 use super::table::{Outcome, Waiter};
-use crate::error::{BackendError, Error};
+use crate::error::{BackendError, Error, NoPermitsReason};
 use crate::scripts::AcquireReply;
+
+/// What one acquisition asks for (validated by the public layer).
+pub(crate) struct Ask {
+    pub(crate) n: u32,
+    pub(crate) try_only: bool,
+    /// Give up after this long (counted from the first poll).
+    pub(crate) timeout: Option<Duration>,
+    /// A holder lease or label other than the handle's: rare, so shared and on the heap (a
+    /// plain acquisition's future stays small).
+    pub(crate) custom: Option<Arc<Custom>>,
+}
 
 impl Handle {
     fn new_id(&self) -> String {
@@ -45,10 +56,9 @@ impl Handle {
     /// that future as long as it waits. The synced-mode step is boxed for the same reason.
     pub(crate) fn acquire(
         self: &Arc<Self>,
-        n: u32,
-        try_only: bool,
-        deadline: Option<(Instant, Duration)>,
+        ask: Ask,
     ) -> impl Future<Output = Result<Held, Error>> + Send + '_ {
+        let (n, try_only) = (ask.n, ask.try_only);
         use futures_util::FutureExt as _;
         use futures_util::future::{Either, ready};
         let span = tracing::debug_span!(
@@ -61,7 +71,7 @@ impl Handle {
             slots = tracing::field::Empty,
         );
         let started = Instant::now();
-        self.acquire_untraced(n, try_only, deadline)
+        self.acquire_untraced(ask)
             .then(move |result| match result {
                 Ok(permit) if self.ctx.synced.is_some() => {
                     Either::Left(Box::pin(self.confirm_synced(permit)))
@@ -93,35 +103,41 @@ impl Handle {
         }
     }
 
-    async fn acquire_untraced(
-        self: &Arc<Self>,
-        n: u32,
-        try_only: bool,
-        deadline: Option<(Instant, Duration)>,
-    ) -> Result<Held, Error> {
+    async fn acquire_untraced(self: &Arc<Self>, ask: Ask) -> Result<Held, Error> {
+        let Ask {
+            n,
+            try_only,
+            timeout,
+            custom,
+        } = ask;
         if n == 0 {
             return Err(Error::InvalidArgument(
                 "cannot acquire 0 permits: ask for at least one".into(),
             ));
         }
         if self.closed.is_cancelled() {
-            return Err(Error::Closed);
+            return Err(Error::closed(self.name()));
         }
         // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
         // the stored limit, which another process may have raised since this handle last
         // saw it (the reply of a refused request carries the current limit).
         if n > crate::keys::MAX_LIMIT {
             return Err(Error::TooManyPermits {
+                name: self.name().to_owned(),
                 requested: n,
                 limit: self.limit(),
             });
         }
         // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
         // future stays small (one per waiting task; see the benchmark's `memory` scenario).
-        let mut deadline = deadline.map(|(at, timeout)| Deadline {
-            sleep: Box::pin(tokio::time::sleep_until(at)),
+        let mut deadline = timeout.map(|timeout| Deadline {
+            sleep: Box::pin(tokio::time::sleep(timeout)),
             timeout,
         });
+        let holder_lease = custom
+            .as_ref()
+            .and_then(|c| c.lease)
+            .unwrap_or(self.timing.lease);
         let local = match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
@@ -132,7 +148,7 @@ impl Handle {
             Some((_, sem)) if try_only => Some(
                 sem.clone()
                     .try_acquire_many_owned(n)
-                    .map_err(|_| Error::NoPermits)?,
+                    .map_err(|_| Error::no_permits(self.name(), NoPermitsReason::LocalCap))?,
             ),
             // boxed: its state is not carried by every acquire future
             Some((_, sem)) => Some(Box::pin(self.local_permit(sem, n, deadline.as_mut())).await?),
@@ -145,12 +161,17 @@ impl Handle {
             {
                 // before the request can reach Redis: the lease of a try-mode grant starts later
                 let sent = Instant::now();
-                let reply =
-                    Box::pin(self.send_request(&pending.id, n, try_only, deadline.as_mut()))
-                        .await?;
+                let reply = Box::pin(self.send_request(
+                    &pending.id,
+                    n,
+                    try_only,
+                    custom.clone(),
+                    deadline.as_mut(),
+                ))
+                .await?;
                 match reply {
                     AcquireReply::Granted(grant) if try_only => {
-                        if self.lease_may_have_ended(sent) {
+                        if deadline_after(sent, holder_lease) <= Instant::now() {
                             // the reply came too late to trust the grant: give it back
                             let id = pending.disarm();
                             self.table.release_in_background(id);
@@ -159,7 +180,7 @@ impl Handle {
                                 self.name()
                             ))));
                         }
-                        let lease = Arc::new(LeaseState::new(sent));
+                        let lease = Arc::new(LeaseState::new(sent, holder_lease));
                         self.table
                             .lock()
                             .holders
@@ -180,14 +201,20 @@ impl Handle {
                         self.table.lock().waiter_queued(&pending.id);
                         self.heartbeat.lease_expires_in(next_expiry_ms)
                     }
-                    AcquireReply::NoCapacity => {
+                    AcquireReply::NoCapacity { queued_first } => {
                         pending.disarm();
-                        return Err(Error::NoPermits);
+                        let reason = if queued_first {
+                            NoPermitsReason::QueuedFirst
+                        } else {
+                            NoPermitsReason::NoneFree
+                        };
+                        return Err(Error::no_permits(self.name(), reason));
                     }
                     AcquireReply::TooMany { limit } => {
                         pending.disarm();
                         self.remote.set_limit(limit);
                         return Err(Error::TooManyPermits {
+                            name: self.name().to_owned(),
                             requested: n,
                             limit,
                         });
@@ -202,7 +229,7 @@ impl Handle {
             // the token here.
             let outcome = tokio::select! {
                 o = rx => o,
-                e = timed_out(deadline.as_mut()) => return Err(e),
+                e = timed_out(deadline.as_mut(), self.name()) => return Err(e),
             };
             match outcome {
                 Ok(Outcome::Granted(grant)) => {
@@ -210,16 +237,17 @@ impl Handle {
                     // The lease the table created for the new holder: gone if the heartbeat
                     // declared it lost meanwhile.
                     let lease = self.table.lock().holders.get(&id).cloned();
-                    // A grant keeps the waiter's lease. One that arrives after that lease
-                    // could have run out (its notification or reply held up) may no longer be
-                    // ours in Redis: give it back and queue again, at the back.
+                    // A grant keeps the waiter's lease; the holder's own length counts from
+                    // the first renewal sent after the grant (the table made the lease with
+                    // the waiter's length; renewals since then may have used either).
+                    if let Some(lease) = &lease {
+                        lease.set_len(holder_lease, Instant::now());
+                    }
+                    // One that arrives after that lease could have run out (its notification
+                    // or reply held up) may no longer be ours in Redis: give it back and
+                    // queue again, at the back.
                     let lease = match lease {
-                        Some(lease)
-                            if !lease.is_lost()
-                                && !self.lease_may_have_ended(lease.trusted_from()) =>
-                        {
-                            lease
-                        }
+                        Some(lease) if !lease.is_lost() && !lease.may_have_ended() => lease,
                         _ => {
                             tracing::info!(semaphore = %self.name(), "grant arrived too late to be trusted; queueing again");
                             self.table.forget_holder(&id);
@@ -232,12 +260,13 @@ impl Handle {
                 Ok(Outcome::Rejected) => {
                     pending.disarm();
                     return Err(Error::TooManyPermits {
+                        name: self.name().to_owned(),
                         requested: n,
                         limit: self.limit(),
                     });
                 }
                 // armed: dropping `pending` removes the entry from Redis
-                Ok(Outcome::Closed) => return Err(Error::Closed),
+                Ok(Outcome::Closed) => return Err(Error::closed(self.name())),
                 // The ticket vanished (paused past its lease, or Redis lost its data):
                 // queue again, at the back.
                 Ok(Outcome::Lost) | Err(_) => {
@@ -257,9 +286,9 @@ impl Handle {
         deadline: Option<&mut Deadline>,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
         tokio::select! {
-            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| Error::Closed),
-            _ = self.closed.cancelled() => Err(Error::Closed),
-            e = timed_out(deadline) => Err(e),
+            p = sem.clone().acquire_many_owned(n) => p.map_err(|_| Error::closed(self.name())),
+            _ = self.closed.cancelled() => Err(Error::closed(self.name())),
+            e = timed_out(deadline, self.name()) => Err(e),
         }
     }
 
@@ -272,6 +301,7 @@ impl Handle {
         id: &Arc<str>,
         n: u32,
         try_only: bool,
+        custom: Option<Arc<Custom>>,
         deadline: Option<&mut Deadline>,
     ) -> Result<AcquireReply, Error> {
         let (tx, rx) = oneshot::channel();
@@ -279,17 +309,18 @@ impl Handle {
             id: id.clone(),
             n,
             try_only,
+            custom,
             reply: tx,
         };
         if self.batch.send(request).is_err() {
-            return Err(Error::Closed);
+            return Err(Error::closed(self.name()));
         }
         tokio::select! {
             r = rx => match r {
                 Ok(r) => r.map_err(|e| Error::from_call(e, self.name())),
-                Err(_) => Err(Error::Closed),
+                Err(_) => Err(Error::closed(self.name())),
             },
-            e = timed_out(deadline) => Err(e),
+            e = timed_out(deadline, self.name()) => Err(e),
         }
     }
 }
@@ -301,12 +332,16 @@ struct Deadline {
     timeout: Duration,
 }
 
-/// Resolves with [`Error::Timeout`] once `deadline` has passed; never without one.
-async fn timed_out(deadline: Option<&mut Deadline>) -> Error {
+/// Resolves with [`Error::Timeout`] (for the semaphore `name`) once `deadline` has passed;
+/// never without one.
+async fn timed_out(deadline: Option<&mut Deadline>, name: &str) -> Error {
     match deadline {
         Some(d) => {
             d.sleep.as_mut().await;
-            Error::Timeout(d.timeout)
+            Error::Timeout {
+                name: name.to_owned(),
+                timeout: d.timeout,
+            }
         }
         None => std::future::pending().await,
     }
@@ -334,7 +369,7 @@ impl<'a> Pending<'a> {
             let (tx, rx) = oneshot::channel();
             let mut st = shared.table.lock();
             if shared.closed.is_cancelled() {
-                return Err(Error::Closed);
+                return Err(Error::closed(shared.name()));
             }
             if st.waiters.is_empty() {
                 shared.heartbeat.first_waiter();

@@ -29,7 +29,19 @@ pub(crate) struct Request {
     pub(crate) id: Arc<str>,
     pub(crate) n: u32,
     pub(crate) try_only: bool,
+    /// A holder lease or label other than the handle's.
+    pub(crate) custom: Option<Arc<Custom>>,
     pub(crate) reply: oneshot::Sender<CallResult<AcquireReply>>,
+}
+
+/// What one acquisition may set for itself instead of taking the handle's settings
+/// (validated by the public layer).
+#[derive(Debug, Default)]
+pub(crate) struct Custom {
+    /// The holder's lease (the waiter's stays the handle's).
+    pub(crate) lease: Option<std::time::Duration>,
+    /// The label shown in the semaphore's stats.
+    pub(crate) label: Option<String>,
 }
 
 /// The request settings of one handle: what every acquisition it sends shares.
@@ -64,7 +76,16 @@ async fn run(
     settings: RequestSettings,
 ) {
     let mut buf: Vec<Request> = Vec::with_capacity(ACQUIRES_PER_CALL);
-    while rx.recv_many(&mut buf, ACQUIRES_PER_CALL).await > 0 {
+    loop {
+        // Once the handle is closed, nothing more is sent: dropping the receiver answers
+        // every request sent later `Closed`.
+        let received = tokio::select! {
+            n = rx.recv_many(&mut buf, ACQUIRES_PER_CALL) => n,
+            _ = closed.cancelled() => 0,
+        };
+        if received == 0 {
+            return;
+        }
         // abandoned before anything was sent, or the handle closed: nothing to do in Redis
         // (a dropped reply sender tells the acquire `Closed`)
         if closed.is_cancelled() {
@@ -76,14 +97,21 @@ async fn run(
         }
         let args: Vec<AcquireArgs<'_>> = buf
             .iter()
-            .map(|r| AcquireArgs {
-                id: &r.id,
-                n: r.n,
-                lease_ms: settings.lease_ms,
-                wait_lease_ms: settings.wait_lease_ms,
-                channel_id: &settings.channel_id,
-                label: &settings.label,
-                try_only: r.try_only,
+            .map(|r| {
+                let custom = r.custom.as_deref();
+                AcquireArgs {
+                    id: &r.id,
+                    n: r.n,
+                    lease_ms: custom
+                        .and_then(|c| c.lease)
+                        .map_or(settings.lease_ms, |l| l.as_millis() as u64),
+                    wait_lease_ms: settings.wait_lease_ms,
+                    channel_id: &settings.channel_id,
+                    label: custom
+                        .and_then(|c| c.label.as_deref())
+                        .unwrap_or(&settings.label),
+                    try_only: r.try_only,
+                }
             })
             .collect();
         let result = conn.acquire(&remote, &args).await;
@@ -95,7 +123,7 @@ async fn run(
         for (req, reply) in buf.drain(..).zip(replies) {
             let created = !matches!(
                 reply,
-                Ok(AcquireReply::NoCapacity) | Ok(AcquireReply::TooMany { .. })
+                Ok(AcquireReply::NoCapacity { .. }) | Ok(AcquireReply::TooMany { .. })
             );
             if req.reply.send(reply).is_err() && created {
                 // its acquire was dropped while the call was in flight
@@ -193,6 +221,7 @@ mod tests {
             id: id.into(),
             n: 1,
             try_only: false,
+            custom: None,
             reply,
         };
         task.tx.send(request).unwrap();

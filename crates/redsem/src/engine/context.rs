@@ -5,17 +5,25 @@
 //! Sentinel, two more (the master follower and the `+switch-master` listener). Per open
 //! semaphore handle: its batching task and its heartbeat.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::notifier::Notifier;
-use super::releaser::Releaser;
+use super::releaser::{Job, Releaser};
 use crate::backend::{Backend, TlsPems, redact_url};
 use crate::error::{BackendError, Error};
 use crate::scripts::Conn;
+
+/// A semaphore handle as its client sees it: what [`Context::shutdown`] does to it.
+pub(crate) trait Member: Send + Sync {
+    /// Closes the handle for good: its pending acquires fail, its waiters' and holders'
+    /// entries are handed to the releaser (holders are declared lost first), its heartbeat
+    /// stops and its channel is unsubscribed. No I/O here: the releaser does it.
+    fn shut_down(&self);
+}
 
 /// The state of one client, shared by its handles (the public `Client` is an `Arc` of it).
 pub(crate) struct Context {
@@ -30,7 +38,13 @@ pub(crate) struct Context {
     /// Synced mode: replicas that must acknowledge a grant, and how long to wait for them.
     pub(crate) synced: Option<(u32, Duration)>,
     next_channel: AtomicU64,
+    /// Cancelled when the client is dropped or shut down: stops the notifier's and the
+    /// Sentinel follower's tasks.
     stop: CancellationToken,
+    /// The handles opened from this client (dead ones are pruned as handles join).
+    members: Mutex<Vec<Weak<dyn Member>>>,
+    /// Set by [`shutdown`](Self::shutdown): no handle opens any more.
+    shut: CancellationToken,
 }
 
 /// What [`Context::connect`] needs (validated by the client builder).
@@ -86,7 +100,45 @@ impl Context {
             synced: s.synced,
             next_channel: AtomicU64::new(0),
             stop,
+            members: Mutex::new(Vec::new()),
+            shut: CancellationToken::new(),
         })
+    }
+
+    /// Registers an opened handle, so that [`shutdown`](Self::shutdown) reaches it.
+    /// `Err(Closed)` once the client is shut down.
+    pub(crate) fn join(&self, member: Weak<dyn Member>, name: &str) -> Result<(), Error> {
+        let mut members = self.members.lock().unwrap();
+        if self.shut.is_cancelled() {
+            return Err(Error::Closed {
+                name: name.to_owned(),
+            });
+        }
+        members.retain(|m| m.strong_count() > 0);
+        members.push(member);
+        Ok(())
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut.is_cancelled()
+    }
+
+    /// Shuts every handle down, waits until the releaser has performed every release handed
+    /// to it (the handles' and those queued before), then stops the releaser and the
+    /// notifier's tasks. Idempotent: a second call only waits for the releaser.
+    pub(crate) async fn shutdown(&self) {
+        let members = {
+            let mut members = self.members.lock().unwrap();
+            self.shut.cancel();
+            std::mem::take(&mut *members)
+        };
+        for member in members.iter().filter_map(Weak::upgrade) {
+            member.shut_down();
+        }
+        self.releaser.flush().await;
+        self.releaser.send(Job::Stop);
+        self.stop.cancel();
     }
 
     /// A fresh channel id for one opened semaphore handle: `<client id>.<n>`.

@@ -11,14 +11,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, RequestSettings};
-use super::context::Context;
+use super::context::{Context, Member};
 use super::heartbeat::Heartbeat;
 use super::lease::Timing;
 use super::notifier::Listener;
 use super::releaser::Job;
 use super::remote::Remote;
 use super::table::{Outcome, Table};
-use crate::error::Error;
+use crate::error::{Error, LostReason};
 use crate::keys::Keys;
 use crate::scripts::{self, Notice};
 
@@ -62,6 +62,31 @@ impl Listener for Handle {
 
     fn on_resubscribed(&self) {
         self.heartbeat.recheck_now();
+    }
+}
+
+impl Member for Handle {
+    fn shut_down(&self) {
+        let (waiters, holders) = {
+            let mut st = self.table.lock();
+            let waiters: Vec<String> = st.waiters.keys().map(|id| id.to_string()).collect();
+            (waiters, std::mem::take(&mut st.holders))
+        };
+        self.close();
+        for (id, lease) in holders {
+            tracing::info!(semaphore = %self.name(), holder = %id, "client shut down: permit released");
+            crate::metrics::lease_lost(self.name(), LostReason::Shutdown);
+            lease.lose(LostReason::Shutdown);
+            self.table.release_in_background(id);
+        }
+        // their pending acquires release them too, but maybe after the releaser stopped
+        for id in waiters {
+            self.table.release_in_background(id);
+        }
+        self.heartbeat.stop();
+        self.ctx.releaser.send(Job::Unsubscribe {
+            channel: self.channel.clone(),
+        });
     }
 }
 
@@ -119,7 +144,11 @@ impl Handle {
                 label: s.label,
             },
         );
-        let table = Arc::new(Table::new(remote.clone(), ctx.releaser.clone()));
+        let table = Arc::new(Table::new(
+            remote.clone(),
+            ctx.releaser.clone(),
+            s.timing.lease,
+        ));
         let heartbeat = Heartbeat::new(
             table.clone(),
             remote.clone(),
@@ -143,6 +172,8 @@ impl Handle {
                 .map(|n| (n, Arc::new(tokio::sync::Semaphore::new(n as usize)))),
         });
         // From here on, dropping `handle` unsubscribes (see Drop).
+        let member: std::sync::Weak<Handle> = Arc::downgrade(&handle);
+        ctx.join(member, &s.name)?;
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.notifier.subscribe(&channel, listener, &s.name).await?;
         let mut conn = ctx.conn.clone();
@@ -177,12 +208,6 @@ impl Handle {
     /// The limit as last seen in Redis.
     pub(crate) fn limit(&self) -> u32 {
         self.remote.limit()
-    }
-
-    /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
-    /// Redis by now.
-    pub(crate) fn lease_may_have_ended(&self, confirmed: tokio::time::Instant) -> bool {
-        self.timing.may_have_ended(confirmed)
     }
 
     /// Closes the handle: wakes every pending acquire with [`Outcome::Closed`] (they remove

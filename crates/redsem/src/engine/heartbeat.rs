@@ -114,13 +114,13 @@ impl Schedule {
             // holder's deadline (when it is declared lost) may come first.
             earliest(retry_at);
             for lease in st.holders.values() {
-                earliest(timing.deadline(lease.trusted_from()));
+                earliest(lease.deadline());
             }
             return at;
         }
         for lease in st.holders.values() {
             earliest(timing.renewal_due(lease));
-            earliest(timing.deadline(lease.trusted_from()));
+            earliest(lease.deadline());
         }
         if st.has_waiters() {
             earliest(self.waiters_checked_at + timing.waiter_check());
@@ -199,6 +199,11 @@ impl Heartbeat {
         self.schedule.lock().unwrap().waiters_checked_at = Instant::now();
     }
 
+    /// Declares the holder `id` lost (a call other than a renewal found it gone).
+    pub(crate) fn lose_holder(&self, id: &str, lease: &LeaseState, reason: LostReason) {
+        lose(self, id, lease, reason);
+    }
+
     fn next_wakeup(&self) -> Option<Instant> {
         let st = self.table.lock();
         self.schedule.lock().unwrap().next_wakeup(&st, &self.timing)
@@ -265,7 +270,7 @@ async fn beat(hb: &Heartbeat) {
     // granted during the call included).
     let current: Vec<Holder> = hb.table.lock().holders();
     for (id, lease) in &current {
-        if hb.timing.deadline(lease.trusted_from()) <= Instant::now() {
+        if lease.deadline() <= Instant::now() {
             lose(hb, id, lease, LostReason::Unreachable);
         }
     }
@@ -292,11 +297,7 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
     let holders_limit = |limit: Instant| {
         let st = hb.table.lock();
         st.holders.values().fold(limit, |limit, lease| {
-            limit.min(
-                hb.timing
-                    .deadline(lease.trusted_from())
-                    .max(sent + Duration::from_millis(1)),
-            )
+            limit.min(lease.deadline().max(sent + Duration::from_millis(1)))
         })
     };
     let mut limit = holders_limit(sent + hb.response_timeout);
@@ -424,7 +425,7 @@ mod tests {
 
     fn with_holder(renewed_at: Instant) -> Entries {
         let mut st = Entries::default();
-        let lease = Arc::new(LeaseState::new(renewed_at));
+        let lease = Arc::new(LeaseState::new(renewed_at, LEASE));
         st.holders.insert("h".into(), lease);
         st
     }
@@ -524,7 +525,7 @@ mod tests {
         let now = Instant::now();
         st.holders.clear();
         st.holders
-            .insert("h".into(), Arc::new(LeaseState::new(now)));
+            .insert("h".into(), Arc::new(LeaseState::new(now, LEASE)));
         schedule.succeeded(now, None);
         assert_eq!(
             schedule.next_wakeup(&st, &timing),
@@ -554,10 +555,7 @@ mod tests {
         let late = t0 + RENEW * 5 / 2;
         tokio::time::advance(late - t0).await;
         lease.renewed(late);
-        assert_eq!(
-            timing.deadline(lease.trusted_from()),
-            t0 + RENEW + LEASE - timing.margin
-        );
+        assert_eq!(lease.deadline(), t0 + RENEW + LEASE - timing.margin());
         assert_eq!(
             schedule.next_wakeup(&st, &timing),
             Some(t0 + RENEW * 3),
@@ -569,10 +567,7 @@ mod tests {
         tokio::time::advance(next - late).await;
         lease.renewed(next);
         assert_eq!(schedule.next_wakeup(&st, &timing), Some(next + RENEW));
-        assert_eq!(
-            timing.deadline(lease.trusted_from()),
-            late + LEASE - timing.margin
-        );
+        assert_eq!(lease.deadline(), late + LEASE - timing.margin());
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,13 +4,15 @@
 //! [`detach`](Held::detach).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 
 use super::handle::Handle;
 use super::lease::LeaseState;
-use crate::error::Error;
-use crate::scripts::{self, Grant};
+use crate::error::{Error, LostReason};
+use crate::scripts::{self, EntryState, Grant};
 
 /// A granted entry of one acquisition, renewed by the heartbeat while it lives.
 pub(crate) struct Held {
@@ -75,7 +77,59 @@ impl Held {
     /// Lost, or past the local deadline of its confirmed renewals (whether or not the
     /// heartbeat has run since).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost() || self.handle.lease_may_have_ended(self.lease.trusted_from())
+        self.lease.is_lost() || self.lease.may_have_ended()
+    }
+
+    /// Time left until the lease could have run out in Redis (zero once lost): the deadline
+    /// the heartbeat keeps, counted from the confirmed renewal before the last.
+    pub(crate) fn lease_left(&self) -> Duration {
+        if self.lease.is_lost() {
+            return Duration::ZERO;
+        }
+        self.lease
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// The length of the lease in Redis for renewals from now on.
+    pub(crate) fn lease_len(&self) -> Duration {
+        self.lease.len()
+    }
+
+    /// Changes the lease to `len` (one round trip; validated by the caller): Redis extends
+    /// the entry by `len` from now, and every later renewal by `len` too.
+    ///
+    /// Locally, a shorter lease counts at once (the change may land before its reply comes);
+    /// a longer one only from the renewals sent after the change was confirmed (a replica, or
+    /// a failed call, may leave the old length in place).
+    pub(crate) async fn set_lease(&self, len: Duration) -> Result<(), Error> {
+        if let Some(reason) = self.lease.lost_reason() {
+            return Err(Error::lease_lost(self.name(), reason));
+        }
+        self.handle
+            .timing
+            .check_holder_lease(len)
+            .map_err(Error::InvalidArgument)?;
+        let old = self.lease.len();
+        self.lease.cap_len(len);
+        self.handle.table.poke.notify_one(); // the deadline may have moved closer
+        let sent = Instant::now();
+        let mut conn = self.handle.ctx.conn.clone();
+        let target = self.handle.remote.target();
+        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64).await {
+            Ok(EntryState::Held(_)) => {
+                self.lease.set_len(len, sent);
+                tracing::debug!(semaphore = %self.name(), holder = %self.id, ?old, new = ?len, "lease changed");
+                Ok(())
+            }
+            Ok(_) => {
+                self.handle
+                    .heartbeat
+                    .lose_holder(&self.id, &self.lease, LostReason::NotHolder);
+                Err(Error::lease_lost(self.name(), LostReason::NotHolder))
+            }
+            Err(e) => Err(Error::from_call(e, self.handle.name())),
+        }
     }
 
     /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,

@@ -2,7 +2,7 @@
 //! held lease ([`LeaseState`]), shared by a permit and the heartbeat.
 //!
 //! A lease is trusted until `previous confirmed renewal + lease − margin`
-//! ([`Timing::deadline`] of [`LeaseState::trusted_from`]): the margin covers the difference
+//! ([`LeaseState::deadline`]): the margin covers the difference
 //! between this process's clock and Redis's, and counting from the renewal *before* the last
 //! one covers a failover to a replica that missed the last renewal (its copy of the lease
 //! ends up to one renewal interval earlier than the master's). Every "could the lease have
@@ -17,14 +17,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::LostReason;
 
+/// Safety margin taken off a lease before trusting it: a tenth, at most 1 s.
+pub(crate) fn margin(lease: Duration) -> Duration {
+    (lease / 10).min(Duration::from_secs(1))
+}
+
+/// The moment a lease of length `lease`, confirmed by a call sent at `confirmed`, could have
+/// run out in Redis: lease − safety margin later.
+pub(crate) fn deadline_after(confirmed: Instant, lease: Duration) -> Instant {
+    confirmed + lease - margin(lease)
+}
+
 /// Timing settings of a semaphore handle (validated by the builder).
 #[derive(Clone, Debug)]
 pub(crate) struct Timing {
+    /// The handle's lease: of its waiters, and of its holders unless an acquisition asked
+    /// for another ([`LeaseState`] keeps each holder's own).
     pub(crate) lease: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) fallback_poll: Duration,
-    /// Safety margin taken off the lease before trusting it (a tenth, at most 1 s).
-    pub(crate) margin: Duration,
 }
 
 impl Timing {
@@ -35,14 +46,36 @@ impl Timing {
             lease,
             renew_every,
             fallback_poll,
-            margin: (lease / 10).min(Duration::from_secs(1)),
         }
     }
 
-    /// The moment a lease last confirmed by a call sent at `confirmed` could have run out in
-    /// Redis: lease − safety margin later.
+    /// Safety margin taken off the handle's lease before trusting it.
+    #[cfg(test)]
+    pub(crate) fn margin(&self) -> Duration {
+        margin(self.lease)
+    }
+
+    /// The moment a lease of the handle's length, last confirmed by a call sent at
+    /// `confirmed`, could have run out in Redis: lease − safety margin later.
+    #[cfg(test)]
     pub(crate) fn deadline(&self, confirmed: Instant) -> Instant {
-        confirmed + self.lease - self.margin
+        deadline_after(confirmed, self.lease)
+    }
+
+    /// Whether `lease` may be a holder's lease on this handle: the handle renews every
+    /// `renew_every`, which must be at most a third of it (see [`renewal_due`]).
+    ///
+    /// [`renewal_due`]: Self::renewal_due
+    pub(crate) fn check_holder_lease(&self, lease: Duration) -> Result<(), String> {
+        if lease < self.renew_every * 3 {
+            return Err(format!(
+                "lease {lease:?} is shorter than three renewal intervals of this semaphore handle \
+                 (it renews every {:?}): ask for a longer lease, or open the handle with a shorter \
+                 renew_every",
+                self.renew_every
+            ));
+        }
+        Ok(())
     }
 
     /// When the lease held in `lease` is due for renewal: one renewal interval after its last
@@ -54,8 +87,9 @@ impl Timing {
         (lease.renewed_at() + self.renew_every).min(lease.trusted_from() + self.renew_every * 2)
     }
 
-    /// Whether a lease last confirmed by a call sent at `confirmed` could have run out in
-    /// Redis by now.
+    /// Whether a lease of the handle's length last confirmed by a call sent at `confirmed`
+    /// could have run out in Redis by now.
+    #[cfg(test)]
     pub(crate) fn may_have_ended(&self, confirmed: Instant) -> bool {
         self.deadline(confirmed) <= Instant::now()
     }
@@ -68,25 +102,93 @@ impl Timing {
     }
 }
 
+/// The confirmations of a lease and its length.
+#[derive(Clone, Copy)]
+struct Renewals {
+    /// Send time of the confirmation before the last (the grant, until the second).
+    trusted_from: Instant,
+    /// Send time of the last call that confirmed the lease (or of the grant's delivery).
+    renewed_at: Instant,
+    /// The lease's length in Redis for confirmations sent at or after `since`.
+    len: Duration,
+    /// For confirmations sent before `since`: the shorter of this and `len` (a change of
+    /// length reaches Redis at some moment this process does not know).
+    earlier: Duration,
+    since: Instant,
+}
+
+impl Renewals {
+    /// The length of the lease confirmed at `trusted_from`, as far as this process can tell.
+    fn trusted_len(&self) -> Duration {
+        if self.trusted_from >= self.since {
+            self.len
+        } else {
+            self.len.min(self.earlier)
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        deadline_after(self.trusted_from, self.trusted_len())
+    }
+}
+
 /// Lease bookkeeping shared by a permit and the heartbeat.
 pub(crate) struct LeaseState {
     lost_tx: watch::Sender<Option<LostReason>>,
     token: CancellationToken,
-    /// Send times of the last call that confirmed the lease (or of the grant's delivery),
-    /// and of the confirmation before it: `(trusted_from, renewed_at)`.
-    renewed: Mutex<(Instant, Instant)>,
+    renewed: Mutex<Renewals>,
     /// Ticket and slots of the permit, for the events of the heartbeat.
     granted: OnceLock<(u64, Vec<u32>)>,
 }
 
 impl LeaseState {
-    pub(crate) fn new(now: Instant) -> LeaseState {
+    /// A lease of length `len` confirmed by a call sent at `now`.
+    pub(crate) fn new(now: Instant, len: Duration) -> LeaseState {
         LeaseState {
             lost_tx: watch::Sender::new(None),
             token: CancellationToken::new(),
-            renewed: Mutex::new((now, now)),
+            renewed: Mutex::new(Renewals {
+                trusted_from: now,
+                renewed_at: now,
+                len,
+                earlier: len,
+                since: now,
+            }),
             granted: OnceLock::new(),
         }
+    }
+
+    /// The moment the lease could have run out in Redis: the confirmation before the last +
+    /// its length − safety margin.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.renewed.lock().unwrap().deadline()
+    }
+
+    /// Whether the lease could have run out in Redis by now (lost or not).
+    pub(crate) fn may_have_ended(&self) -> bool {
+        self.deadline() <= Instant::now()
+    }
+
+    /// The length of the lease in Redis for confirmations sent from now on.
+    pub(crate) fn len(&self) -> Duration {
+        self.renewed.lock().unwrap().len
+    }
+
+    /// The lease's length becomes `len` for every confirmation sent at or after `since`
+    /// (those before count with the shorter of the old and new lengths).
+    pub(crate) fn set_len(&self, len: Duration, since: Instant) {
+        let mut r = self.renewed.lock().unwrap();
+        r.earlier = r.earlier.min(r.len);
+        r.len = len;
+        r.since = since;
+    }
+
+    /// The lease may already be shorter than it was (a change sent, not confirmed): counts
+    /// every confirmation, past and future, with at most `len`.
+    pub(crate) fn cap_len(&self, len: Duration) {
+        let mut r = self.renewed.lock().unwrap();
+        r.earlier = r.earlier.min(len);
+        r.len = r.len.min(len);
     }
 
     /// Ticket and slots of the permit that holds this lease, once known.
@@ -103,15 +205,16 @@ impl LeaseState {
     /// ignored).
     pub(crate) fn renewed(&self, sent: Instant) {
         let mut r = self.renewed.lock().unwrap();
-        if sent > r.1 {
-            *r = (r.1, sent);
+        if sent > r.renewed_at {
+            r.trusted_from = r.renewed_at;
+            r.renewed_at = sent;
         }
     }
 
     /// Send time of the last confirmed renewal: the next renewal is due one renewal
     /// interval after it.
     pub(crate) fn renewed_at(&self) -> Instant {
-        self.renewed.lock().unwrap().1
+        self.renewed.lock().unwrap().renewed_at
     }
 
     /// Send time of the confirmed renewal before the last one (the grant, until the second
@@ -119,7 +222,7 @@ impl LeaseState {
     /// that never received the last renewal, but it has the one before, as long as
     /// replication lags less than one renewal interval.
     pub(crate) fn trusted_from(&self) -> Instant {
-        self.renewed.lock().unwrap().0
+        self.renewed.lock().unwrap().trusted_from
     }
 
     /// Marks the lease lost (first reason wins) and cancels the permit's token.
@@ -165,7 +268,7 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(1),
         );
-        assert_eq!(timing.margin, Duration::from_millis(300), "a tenth");
+        assert_eq!(timing.margin(), Duration::from_millis(300), "a tenth");
         let confirmed = Instant::now();
         assert_eq!(
             timing.deadline(confirmed),
@@ -186,7 +289,7 @@ mod tests {
             Duration::from_secs(20),
             Duration::from_secs(1),
         );
-        assert_eq!(long.margin, Duration::from_secs(1));
+        assert_eq!(long.margin(), Duration::from_secs(1));
         let confirmed = Instant::now();
         tokio::time::advance(Duration::from_secs(58)).await;
         assert!(!long.may_have_ended(confirmed));
@@ -206,7 +309,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_never_moves_the_confirmation_back() {
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0);
+        let lease = LeaseState::new(t0, Duration::from_secs(3));
         lease.renewed(t0 + Duration::from_secs(2));
         lease.renewed(t0 + Duration::from_secs(1)); // an older call answering late
         assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
@@ -232,7 +335,7 @@ mod tests {
             Duration::from_secs(1),
         );
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0);
+        let lease = LeaseState::new(t0, Duration::from_secs(3));
         assert_eq!(lease.trusted_from(), t0, "the grant, until two renewals");
         lease.renewed(t0 + Duration::from_secs(1));
         assert_eq!(lease.trusted_from(), t0);
@@ -246,5 +349,66 @@ mod tests {
         );
         // and the next renewal is due well before it (renewal ≤ lease / 3)
         assert!(lease.renewed_at() + timing.renew_every < timing.deadline(lease.trusted_from()));
+    }
+
+    /// A longer lease counts only from a confirmation sent after the change: a replica (or a
+    /// Redis that never received the change) may still hold the old length for the earlier
+    /// confirmations.
+    #[tokio::test(start_paused = true)]
+    async fn a_longer_lease_counts_once_a_confirmation_after_the_change_is_trusted() {
+        let t0 = Instant::now();
+        let lease = LeaseState::new(t0, Duration::from_secs(3));
+        assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
+        let changed = t0 + Duration::from_secs(1);
+        lease.set_len(Duration::from_secs(30), changed);
+        lease.renewed(changed);
+        assert_eq!(lease.len(), Duration::from_secs(30));
+        assert_eq!(
+            lease.deadline(),
+            t0 + Duration::from_millis(2700),
+            "trusted from the grant, under the old length"
+        );
+        lease.renewed(t0 + Duration::from_secs(2));
+        assert_eq!(
+            lease.deadline(),
+            changed + Duration::from_secs(29),
+            "trusted from the change, under the new length (margin 1 s)"
+        );
+    }
+
+    /// A shorter lease counts at once, for past confirmations too: the change may land in
+    /// Redis before any reply says so.
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_lease_counts_at_once() {
+        let t0 = Instant::now();
+        let lease = LeaseState::new(t0, Duration::from_secs(30));
+        lease.cap_len(Duration::from_secs(3));
+        assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
+        lease.set_len(Duration::from_secs(3), t0 + Duration::from_secs(1));
+        lease.renewed(t0 + Duration::from_secs(1));
+        lease.renewed(t0 + Duration::from_secs(2));
+        assert_eq!(
+            lease.deadline(),
+            t0 + Duration::from_millis(3700),
+            "trusted from the change, under the new length"
+        );
+        assert!(!lease.may_have_ended());
+        tokio::time::advance(Duration::from_millis(3700)).await;
+        assert!(lease.may_have_ended());
+    }
+
+    #[test]
+    fn a_holder_lease_spans_at_least_three_renewal_intervals() {
+        let timing = Timing::new(
+            Duration::from_secs(9),
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+        );
+        assert!(timing.check_holder_lease(Duration::from_secs(9)).is_ok());
+        assert!(timing.check_holder_lease(Duration::from_secs(60)).is_ok());
+        let e = timing
+            .check_holder_lease(Duration::from_millis(8999))
+            .unwrap_err();
+        assert!(e.contains("renew_every"), "{e}");
     }
 }

@@ -36,6 +36,8 @@ mod remote;
 mod synced;
 mod table;
 
+pub(crate) use acquire::Ask;
+pub(crate) use batch::Custom;
 pub(crate) use context::{ConnectSettings, Context};
 pub(crate) use handle::{Handle, OpenSettings};
 pub(crate) use held::Held;

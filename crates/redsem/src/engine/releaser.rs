@@ -25,6 +25,9 @@ pub(crate) enum Job {
     /// Answer once every job sent before this one has been done
     /// ([`Client::flush_releases`](crate::Client::flush_releases)).
     Flush(oneshot::Sender<()>),
+    /// End the task once the jobs taken with this one are done
+    /// ([`Client::shutdown`](crate::Client::shutdown)); later jobs are dropped.
+    Stop,
 }
 
 /// Sender side of the releaser task, held by the client and its handles.
@@ -84,6 +87,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Not
         let mut groups: Vec<(Arc<Remote>, Vec<String>)> = Vec::new();
         let mut index: HashMap<usize, usize> = HashMap::new();
         let mut flushed = Vec::new();
+        let mut stop = false;
         for job in buf.drain(..) {
             match job {
                 Job::Release { remote, id } => {
@@ -98,6 +102,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Not
                 }
                 Job::Unsubscribe { channel } => notifier.unsubscribe(&channel).await,
                 Job::Flush(done) => flushed.push(done),
+                Job::Stop => stop = true,
             }
         }
         for (remote, ids) in groups {
@@ -105,6 +110,9 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Not
         }
         for done in flushed {
             let _ = done.send(());
+        }
+        if stop {
+            return;
         }
     }
 }

@@ -46,7 +46,7 @@ impl Handle {
             }
             Ok(_) => {
                 drop(permit);
-                Err(Error::LeaseLost(LostReason::NotHolder))
+                Err(Error::lease_lost(self.name(), LostReason::NotHolder))
             }
             Err(e) => {
                 drop(permit);

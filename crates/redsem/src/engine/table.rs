@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -105,16 +106,19 @@ pub(crate) struct Table {
     entries: Mutex<Entries>,
     remote: Arc<Remote>,
     releaser: Releaser,
+    /// The waiters' lease (the handle's): a granted waiter keeps it until renewed as a holder.
+    wait_lease: Duration,
     /// Wakes the heartbeat to recompute its schedule.
     pub(crate) poke: Arc<Notify>,
 }
 
 impl Table {
-    pub(crate) fn new(remote: Arc<Remote>, releaser: Releaser) -> Table {
+    pub(crate) fn new(remote: Arc<Remote>, releaser: Releaser, wait_lease: Duration) -> Table {
         Table {
             entries: Mutex::new(Entries::default()),
             remote,
             releaser,
+            wait_lease,
             poke: Arc::new(Notify::new()),
         }
     }
@@ -146,7 +150,7 @@ impl Table {
             return;
         };
         if let Outcome::Granted(_) = what {
-            let lease = Arc::new(LeaseState::new(waiter.renewed_at));
+            let lease = Arc::new(LeaseState::new(waiter.renewed_at, self.wait_lease));
             st.holders.insert(id.to_owned(), lease);
         }
         if let Err(Outcome::Granted(_)) = waiter.tx.send(what) {

@@ -6,7 +6,8 @@
 -- Reply: one reply per request, in order:
 --        {1, slots, fences, ticket}   granted now
 --        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
---        {-1}                         try mode: no capacity (or others are queued: FIFO)
+--        {-1, why}                    try mode: not granted; why = 1: fewer permits free than n,
+--                                     2: enough free, but others are queued first (FIFO)
 --        {-2, limit}                  n exceeds the limit
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
@@ -22,11 +23,14 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   end
   m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
   -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
-  if redis.call('ZCARD', K_QUEUE) == 0 and redis.call('HLEN', K_SLOTS) + n <= limit then
+  local queued = redis.call('ZCARD', K_QUEUE) > 0
+  local fits = redis.call('HLEN', K_SLOTS) + n <= limit
+  if not queued and fits then
     m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
     if grant(id, m, now, true, limit) then return held_reply(m) end
+    fits = false -- the holders were more than they looked (repaired)
   end
-  if mode == 'try' then return { -1 } end
+  if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
   -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
   m.t = m.t or redis.call('HINCRBY', K_CFG, 'seq', 1)
   redis.call('ZADD', K_QUEUE, m.t, id)

@@ -85,6 +85,7 @@ impl Lua {
 static ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("acquire", "", include_str!("acquire.lua")));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new("renew", "", include_str!("renew.lua")));
+static LEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new("lease", "", include_str!("lease.lua")));
 static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("release", "", include_str!("release.lua")));
 static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!("open.lua")));
@@ -99,6 +100,8 @@ static STATS_EXISTING: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("stats.lua")));
 static RESIZE_EXISTING: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("resize", GUARD, include_str!("resize.lua")));
+static DELETE_EXISTING: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("delete", GUARD, include_str!("delete.lua")));
 static RELEASE_EXISTING: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("release.lua")));
 
@@ -161,6 +164,22 @@ pub(crate) async fn renew(
         })
         .await?;
     reply::renew(&v, ids.len())
+}
+
+/// Sets the lease of the holder `id` to `lease_ms` and extends it by that much from now
+/// (never re-creates the entry). Returns its state: held, or gone.
+pub(crate) async fn set_lease(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    id: &str,
+    lease_ms: u64,
+) -> CallResult<EntryState> {
+    let v = LEASE
+        .run(conn, t, |inv| {
+            inv.arg(id).arg(lease_ms);
+        })
+        .await?;
+    reply::entry(&v)
 }
 
 /// What [`renew_and_wait`] learnt: the next lease expiry, each entry's state, and how many
@@ -337,6 +356,37 @@ pub(crate) async fn force_release_existing(
         })
         .await?;
     unless_nil(v, |v| Ok(reply::integer(&v)? as u64))
+}
+
+/// What [`delete_existing`] did: whether it deleted, and the holders and waiters it found
+/// (evicted when it deleted).
+pub(crate) struct Deletion {
+    pub(crate) deleted: bool,
+    pub(crate) holders: u32,
+    pub(crate) waiters: u32,
+}
+
+/// Deletes an existing semaphore's keys; refused while it has holders or waiters, unless
+/// `force`.
+pub(crate) async fn delete_existing(
+    conn: &mut Conn,
+    keys: &Keys,
+    publish: &'static str,
+    force: bool,
+) -> CallResult<Option<Deletion>> {
+    let v = DELETE_EXISTING
+        .run(conn, &existing(keys, publish), |inv| {
+            inv.arg(if force { "1" } else { "0" });
+        })
+        .await?;
+    unless_nil(v, |v| {
+        let (deleted, holders, waiters) = reply::triple(&v)?;
+        Ok(Deletion {
+            deleted: deleted == 1,
+            holders: holders.max(0) as u32,
+            waiters: waiters.max(0) as u32,
+        })
+    })
 }
 
 /// `None` for the guard's nil reply, else the parsed reply.

@@ -171,6 +171,19 @@ local function audit(limit, now)
   if not consistent then repair(limit) end
 end
 
+-- A record without a lease lost it (the `exp` key was evicted or deleted): when the live entry
+-- `id` has none, it gets its lease back, and so does every other record, so that the entries
+-- of crashed processes expire again (a sweep of `meta`, only after such a loss).
+local function restore_leases(id, now)
+  if redis.call('ZSCORE', K_EXP, id) then return end
+  count_repair()
+  local metas = redis.call('HGETALL', K_META)
+  for j = 1, #metas, 2 do
+    local o = cjson.decode(metas[j + 1])
+    redis.call('ZADD', K_EXP, 'NX', now + (o.s and o.l or o.w), metas[j])
+  end
+end
+
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
 -- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
 -- an entry without a record lost it, and the slots still mapped to it are freed.)

@@ -25,7 +25,11 @@ pub(crate) enum AcquireReply {
         ticket: u64,
         next_expiry_ms: Option<u64>,
     },
-    NoCapacity,
+    /// Try mode: not granted; `queued_first` when enough permits were free but others were
+    /// queued (FIFO), otherwise too few were free.
+    NoCapacity {
+        queued_first: bool,
+    },
     TooMany {
         limit: u32,
     },
@@ -43,7 +47,10 @@ pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<Vec<AcquireReply
                     ticket: int(items.get(1))? as u64,
                     next_expiry_ms: expiry(int(items.get(2))?),
                 },
-                -1 => AcquireReply::NoCapacity,
+                -1 => AcquireReply::NoCapacity {
+                    // absent in replies of protocol 2 scripts before this reason was added
+                    queued_first: int(items.get(1)).unwrap_or(1) == 2,
+                },
                 -2 => AcquireReply::TooMany {
                     limit: int(items.get(1))? as u32,
                 },
@@ -70,19 +77,32 @@ pub(super) fn renew(v: &Value, ids: usize) -> CallResult<(Option<u64>, Vec<Entry
     let next = expiry(int(items.first())?);
     let states = array(items.get(1).ok_or_else(|| unexpected(v))?)?
         .iter()
-        .map(|s| {
-            let s = array(s)?;
-            Ok(match int(s.first())? {
-                1 => EntryState::Held(grant(s)?),
-                0 => EntryState::Waiting,
-                _ => EntryState::Gone,
-            })
-        })
+        .map(entry)
         .collect::<CallResult<Vec<_>>>()?;
     if states.len() != ids {
         return Err(unexpected(v));
     }
     Ok((next, states))
+}
+
+/// Three integers: `{a, b, c}`.
+pub(super) fn triple(v: &Value) -> CallResult<(i64, i64, i64)> {
+    let items = array(v)?;
+    if items.len() != 3 {
+        return Err(unexpected(v));
+    }
+    Ok((int(items.first())?, int(items.get(1))?, int(items.get(2))?))
+}
+
+/// The state of one entry: `{1, slots, fences, ticket}`, `{0}` or `{-1}` (`renew.lua`,
+/// `lease.lua`).
+pub(super) fn entry(v: &Value) -> CallResult<EntryState> {
+    let s = array(v)?;
+    Ok(match int(s.first())? {
+        1 => EntryState::Held(grant(s)?),
+        0 => EntryState::Waiting,
+        _ => EntryState::Gone,
+    })
 }
 
 /// A snapshot from `stats.lua`, its records decoded.

@@ -15,17 +15,7 @@ for i = 4, #ARGV do
   if not m then
     states[#states + 1] = { -1 }
   else
-    -- A record without a lease lost it (the `exp` key was evicted or deleted): this live
-    -- entry gets its lease back, and so does every other record, so that the entries of
-    -- crashed processes expire again (a sweep of `meta`, only after such a loss).
-    if not redis.call('ZSCORE', K_EXP, id) then
-      count_repair()
-      local metas = redis.call('HGETALL', K_META)
-      for j = 1, #metas, 2 do
-        local o = cjson.decode(metas[j + 1])
-        redis.call('ZADD', K_EXP, 'NX', now + (o.s and o.l or o.w), metas[j])
-      end
-    end
+    restore_leases(id, now)
     if m.s then
       redis.call('ZADD', K_EXP, 'XX', now + m.l, id)
       states[#states + 1] = held_reply(m)

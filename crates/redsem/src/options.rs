@@ -1,0 +1,185 @@
+//! [`AcquireOptions`]: what one acquisition may ask for beyond one permit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{Ask, Custom, Timing};
+use crate::error::Error;
+
+/// Longest accepted lease, renewal or poll interval, and timeout: 365 days.
+///
+/// Durations are stored in Redis as milliseconds and added to this process's clock; the
+/// bound keeps both far from overflow (`Duration::MAX` would panic or wrap). Longer values
+/// are refused with [`Error::InvalidArgument`]; to wait without a time limit, use
+/// [`Semaphore::acquire`] instead of a huge timeout.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// [`Error::InvalidArgument`] when `d` (named `what`) is above [`MAX_DURATION`].
+pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), Error> {
+    if d > MAX_DURATION {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {d:?} is longer than the maximum of 365 days (redsem::MAX_DURATION)"
+        )));
+    }
+    Ok(())
+}
+
+/// Longest label, in bytes (as for [`SemaphoreBuilder::label`](crate::SemaphoreBuilder::label)).
+pub(crate) const MAX_LABEL_LEN: usize = 200;
+
+/// The options of one acquisition, for [`Semaphore::acquire_with`](crate::Semaphore::acquire_with):
+/// how many permits, the holder's lease and label, a timeout, or no waiting at all.
+///
+/// Every field has the default of [`Semaphore::acquire`](crate::Semaphore::acquire): one
+/// permit, the handle's lease and label, no timeout, waiting in the queue. Building the
+/// options costs nothing; they are checked when the acquisition starts.
+///
+/// ```
+/// use std::time::Duration;
+/// use redsem::AcquireOptions;
+///
+/// let opts = AcquireOptions::new()
+///     .permits(2)
+///     .lease(Duration::from_secs(60))
+///     .label("request 7f3a: nightly export")
+///     .timeout(Duration::from_secs(5));
+/// assert_eq!(opts.get_permits(), 2);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "AcquireOptions do nothing until passed to Semaphore::acquire_with"]
+pub struct AcquireOptions {
+    permits: u32,
+    lease: Option<Duration>,
+    label: Option<String>,
+    timeout: Option<Duration>,
+    try_only: bool,
+}
+
+impl Default for AcquireOptions {
+    fn default() -> Self {
+        AcquireOptions {
+            permits: 1,
+            lease: None,
+            label: None,
+            timeout: None,
+            try_only: false,
+        }
+    }
+}
+
+impl AcquireOptions {
+    /// One permit, the handle's lease and label, no timeout, waiting in the queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many permits to take at once (default 1), granted together in FIFO order (see
+    /// [Fairness](crate::Semaphore#fairness)).
+    pub fn permits(mut self, n: u32) -> Self {
+        self.permits = n;
+        self
+    }
+
+    /// The lease of this holder (default: the handle's, see
+    /// [`SemaphoreBuilder::lease`](crate::SemaphoreBuilder::lease)). A crashed holder's
+    /// slots are free again at most one lease after its last renewal: give a long job a long
+    /// lease only if its slots may stay blocked that long after a crash. The handle renews
+    /// every holder at its own renewal interval, which must be at most a third of this
+    /// lease. While waiting, the request keeps the handle's lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The label shown for this holder (and for its ticket while it waits) in
+    /// [`Semaphore::stats`](crate::Semaphore::stats), e.g. a request id (default: the
+    /// handle's). At most 200 bytes.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Gives up after `timeout` with [`Error::Timeout`], counted from the first poll of the
+    /// acquisition (default: wait as long as it takes). Its place in the queue is given up.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Takes the permits only if they are free now and nobody is queued, and never queues
+    /// (default `false`): [`Error::NoPermits { .. }`] otherwise. Cannot be combined with a timeout.
+    pub fn try_only(mut self, try_only: bool) -> Self {
+        self.try_only = try_only;
+        self
+    }
+
+    /// The number of permits asked for.
+    pub fn get_permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The lease asked for, if not the handle's.
+    pub fn get_lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    /// The label asked for, if not the handle's.
+    pub fn get_label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
+    /// The timeout, if any.
+    pub fn get_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Whether the acquisition never queues.
+    pub fn is_try_only(&self) -> bool {
+        self.try_only
+    }
+
+    /// Checks the options against the handle's timing and turns them into the engine's
+    /// request.
+    pub(crate) fn into_ask(self, timing: &Timing) -> Result<Ask, Error> {
+        if let Some(timeout) = self.timeout {
+            if self.try_only {
+                return Err(Error::InvalidArgument(
+                    "a try-only acquisition never waits: drop its timeout, or drop try_only".into(),
+                ));
+            }
+            check_duration("acquire timeout", timeout)?;
+        }
+        if let Some(lease) = self.lease {
+            check_duration("lease", lease)?;
+            timing
+                .check_holder_lease(lease)
+                .map_err(Error::InvalidArgument)?;
+        }
+        if let Some(label) = &self.label {
+            check_label(label)?;
+        }
+        let custom = (self.lease.is_some() || self.label.is_some()).then(|| {
+            Arc::new(Custom {
+                lease: self.lease,
+                label: self.label,
+            })
+        });
+        Ok(Ask {
+            n: self.permits,
+            try_only: self.try_only,
+            timeout: self.timeout,
+            custom,
+        })
+    }
+}
+
+/// [`Error::InvalidArgument`] for a label longer than 200 bytes.
+pub(crate) fn check_label(label: &str) -> Result<(), Error> {
+    if label.len() > MAX_LABEL_LEN {
+        return Err(Error::InvalidArgument(format!(
+            "label is {} bytes long; the maximum is {MAX_LABEL_LEN}",
+            label.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,19 @@
+-- delete: remove the semaphore entirely (Client::delete_semaphore): every key, its limit and
+-- its fences included. Refused while anyone holds or waits, unless forced; a forced delete
+-- evicts them like force_release (holders learn it at their next renewal, waiters are queued
+-- again and re-create the semaphore). Run behind the guard: a missing semaphore is a nil reply.
+-- Fences stay monotonic across a delete and a re-create: a new grant's generation is at least
+-- Redis TIME in microseconds (see next_generation).
+-- ARGV (after the common header): 4 force ("1" or "0")
+-- Reply: {1, holders, waiters} deleted; the counts are the entries it evicted
+--        {0, holders, waiters} refused: live holders or waiters, and not forced
+local now = now_ms()
+local limit = load_limit()
+settle(now, limit, false) -- expired entries do not count (and what they free is granted)
+local entries = redis.call('HLEN', K_META)
+local waiters = redis.call('ZCARD', K_QUEUE)
+local holders = entries - waiters
+if holders < 0 then holders = 0 end
+if entries > 0 and ARGV[4] ~= '1' then return { 0, holders, waiters } end
+redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE)
+return { 1, holders, waiters }
