@@ -36,5 +36,6 @@ async fn main() -> Result<(), redsem::Error> {
         t.await.expect("task panicked")?;
     }
     println!("{:?}", sem.stats().await?);
+    client.shutdown().await; // every release done before the process exits
     Ok(())
 }

@@ -59,5 +59,6 @@ async fn main() -> Result<(), redsem::Error> {
     );
     assert!(!accepted, "a stale fence must be rejected");
     new.release().await?;
+    client.shutdown().await; // every release done before the process exits
     Ok(())
 }

@@ -111,5 +111,6 @@ async fn worker(redis_url: &str, name: &str, api_url: &str) -> Result<(), BoxErr
         }
     }
     println!("worker {name}: {ok}/{CALLS_PER_WORKER} calls succeeded");
+    client.shutdown().await; // every release done before the worker exits
     Ok(())
 }

@@ -55,5 +55,6 @@ async fn main() -> Result<(), redsem::Error> {
     used.dedup();
     println!("devices used: {used:?}");
     assert!(used.iter().all(|&d| d < DEVICES));
+    client.shutdown().await; // every release done before the process exits
     Ok(())
 }

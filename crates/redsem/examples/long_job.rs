@@ -58,5 +58,6 @@ async fn main() -> Result<(), redsem::Error> {
     assert!(elapsed > 2 * LEASE);
     client.flush_releases().await; // `run` released in the background; wait for it
     assert_eq!(sem.stats().await?.in_use, 0);
+    client.shutdown().await; // before the process exits
     Ok(())
 }

@@ -22,6 +22,9 @@ async fn main() -> Result<(), redsem::Error> {
             })
             .await
     });
-    futures_util::future::try_join_all(calls).await?;
+    let done = futures_util::future::try_join_all(calls).await;
+    // Every release done before the process exits: a rerun never waits for a lease.
+    client.shutdown().await;
+    done?;
     Ok(())
 }

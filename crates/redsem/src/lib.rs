@@ -42,6 +42,7 @@
 //!     let slot = permit.slots()[0]; // 0..4, unique among live holders
 //!     // The work is cancelled if the slot is lost (its lease could not be renewed).
 //!     permit.run(call_licensed_api(slot)).await?;
+//!     client.shutdown().await; // every release done before the process exits
 //!     Ok(())
 //! }
 //! ```

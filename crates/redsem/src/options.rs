@@ -11,7 +11,7 @@ use crate::error::Error;
 /// Durations are stored in Redis as milliseconds and added to this process's clock; the
 /// bound keeps both far from overflow (`Duration::MAX` would panic or wrap). Longer values
 /// are refused with [`Error::InvalidArgument`]; to wait without a time limit, use
-/// [`Semaphore::acquire`] instead of a huge timeout.
+/// [`Semaphore::acquire`](crate::Semaphore::acquire) instead of a huge timeout.
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// [`Error::InvalidArgument`] when `d` (named `what`) is above [`MAX_DURATION`].

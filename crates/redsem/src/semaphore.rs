@@ -61,10 +61,22 @@ impl Semaphore {
         self.handle.name()
     }
 
-    /// The limit as last seen in Redis (at open, resize, stats or a rejected request). Use
-    /// [`stats`](Self::stats) for the current value.
+    /// The limit as last seen in Redis (at open, resize, stats, a renewal or a rejected
+    /// request). Use [`stats`](Self::stats) for the current value.
     pub fn limit(&self) -> u32 {
         self.handle.limit()
+    }
+
+    /// Permits free, as last seen in Redis: a snapshot, like
+    /// [`tokio::sync::Semaphore::available_permits`], but of a semaphore shared with other
+    /// processes, so it may be stale by the time it is read. Synchronous, no I/O.
+    ///
+    /// Updated by every reply that carries it: opening the handle, each acquisition call,
+    /// each renewal (every renewal interval while this handle holds or waits), and
+    /// [`stats`](Self::stats), which reads it fresh. Free permits may still be taken by
+    /// requests queued first (FIFO); use [`try_acquire`](Self::try_acquire) to take one.
+    pub fn available_permits(&self) -> u32 {
+        self.handle.remote.free()
     }
 
     /// Waits for one permit, in FIFO order.
@@ -224,6 +236,9 @@ impl Semaphore {
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(reply.limit);
+        self.handle
+            .remote
+            .set_free(reply.limit.saturating_sub(reply.in_use));
         let stats = Stats::from_reply(self.name(), reply);
         crate::metrics::expiries_seen(self.name(), stats.expired_total);
         Ok(stats)
@@ -250,6 +265,35 @@ impl Semaphore {
             .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(new_limit);
         Ok(old)
+    }
+
+    /// Changes the limit by `delta` (positive or negative) for every replica, atomically:
+    /// two concurrent changes both count, where two concurrent [`resize`](Self::resize)s
+    /// would overwrite each other. Like tokio's `add_permits` (and `forget_permits` for a
+    /// negative `delta`), but the change is to the stored limit, shared by every process.
+    /// Growing admits waiters at once; shrinking lets holders finish first (as
+    /// [`resize`](Self::resize)). Returns the new limit.
+    ///
+    /// # Cost
+    /// One script call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the new limit would be below 1 or above
+    /// [`MAX_LIMIT`] (nothing is changed; the message gives the current limit);
+    /// connection and permission errors.
+    pub async fn add_permits(&self, delta: i64) -> Result<u32, Error> {
+        let mut conn = self.handle.ctx.conn.clone();
+        let (old, new) =
+            scripts::add_to_limit(&mut conn, &self.handle.remote.target(), delta, MAX_LIMIT)
+                .await
+                .map_err(|e| Error::from_call(e, self.name()))?;
+        self.handle.remote.set_limit(new.unwrap_or(old));
+        new.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "semaphore {:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}",
+                self.name()
+            ))
+        })
     }
 
     /// An operator's release of another holder's permit (or of a queued ticket) by its

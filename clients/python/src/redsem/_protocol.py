@@ -254,8 +254,9 @@ def parse_acquire(reply: Sequence[Any]) -> List[AcquireReply]:
 
 
 def parse_renew(reply: Sequence[Any]) -> Tuple[int, List[EntryState]]:
-    """`(next_expiry_ms, states)` of one `renew.lua` call, one state per id sent."""
-    next_expiry, states = reply
+    """`(next_expiry_ms, states)` of one `renew.lua` call, one state per id sent (the free
+    permits and the limit that follow are not used here)."""
+    next_expiry, states = reply[0], reply[1]
     out: List[EntryState] = []
     for s in states:
         kind = int(s[0])

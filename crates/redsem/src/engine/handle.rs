@@ -177,9 +177,11 @@ impl Handle {
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.notifier.subscribe(&channel, listener, &s.name).await?;
         let mut conn = ctx.conn.clone();
-        let (stored, created, with_ttl) = scripts::open(&mut conn, &handle.remote.target())
+        let opened = scripts::open(&mut conn, &handle.remote.target())
             .await
             .map_err(|e| Error::from_call(e, &s.name))?;
+        let (stored, created, with_ttl) = (opened.limit, opened.created, opened.with_ttl);
+        handle.remote.set_free(opened.free);
         if let (Some(p), Some(key)) = (policy.filter(|p| p.starts_with("volatile-")), with_ttl) {
             return Err(Error::EvictingPolicy {
                 name: s.name,

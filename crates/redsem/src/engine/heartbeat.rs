@@ -318,16 +318,16 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         match hb.synced {
             None => scripts::renew(&mut conn, &target, &ids)
                 .await
-                .map(|(next, states)| (next, states, true)),
+                .map(|renewal| (renewal, true)),
             Some((replicas, timeout)) => {
                 scripts::renew_and_wait(&mut conn, &target, &ids, replicas, timeout)
                     .await
-                    .map(|(next, states, acked)| {
+                    .map(|(renewal, acked)| {
                         if acked < replicas {
                             tracing::warn!(semaphore = %hb.name(), acked, wanted = replicas,
                                 "synced mode: too few replicas acknowledged the renewal; it does not count");
                         }
-                        (next, states, acked >= replicas)
+                        (renewal, acked >= replicas)
                     })
             }
         }
@@ -348,9 +348,14 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         }
     };
     let now = Instant::now();
-    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, _, true)))));
+    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, true)))));
     match reply {
-        Ok(Ok((next_expiry, states, replicated))) => {
+        Ok(Ok((renewal, replicated))) => {
+            let (next_expiry, states) = (renewal.next_expiry, renewal.states);
+            if let Some((free, limit)) = renewal.seen {
+                hb.remote.set_free(free);
+                hb.remote.set_limit(limit);
+            }
             tracing::debug!(parent: &span, replicated, "renewed");
             if replicated {
                 hb.schedule.lock().unwrap().succeeded(now, next_expiry);

@@ -15,6 +15,8 @@ use crate::scripts::{self, AcquireArgs, AcquireReply, Conn, Target};
 pub(crate) struct Remote {
     pub(crate) keys: Keys,
     limit: AtomicU32,
+    /// Permits free, as last seen in Redis.
+    free: AtomicU32,
     publish: &'static str,
 }
 
@@ -23,6 +25,7 @@ impl Remote {
         Remote {
             keys,
             limit: AtomicU32::new(limit),
+            free: AtomicU32::new(limit),
             publish,
         }
     }
@@ -39,6 +42,16 @@ impl Remote {
     /// Records the limit seen in Redis.
     pub(crate) fn set_limit(&self, limit: u32) {
         self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Permits free, as last seen in Redis.
+    pub(crate) fn free(&self) -> u32 {
+        self.free.load(Ordering::Relaxed)
+    }
+
+    /// Records the free permits seen in Redis.
+    pub(crate) fn set_free(&self, free: u32) {
+        self.free.store(free, Ordering::Relaxed);
     }
 
     /// What a script call on this semaphore needs.
@@ -76,7 +89,11 @@ impl Calls for Conn {
         remote: &Remote,
         batch: &[AcquireArgs<'_>],
     ) -> CallResult<Vec<AcquireReply>> {
-        scripts::acquire(self, &remote.target(), batch).await
+        let (replies, free) = scripts::acquire(self, &remote.target(), batch).await?;
+        if let Some(free) = free {
+            remote.set_free(free);
+        }
+        Ok(replies)
     }
 
     async fn release(&mut self, remote: &Remote, ids: &[&str]) -> CallResult<u64> {

@@ -30,7 +30,7 @@ impl Handle {
         let target = self.remote.target();
         let reply = scripts::renew_and_wait(&mut conn, &target, &[permit.id()], replicas, timeout)
             .await
-            .map(|(_, mut states, acked)| (states.remove(0), acked));
+            .map(|(mut renewal, acked)| (renewal.states.remove(0), acked));
         match reply {
             Ok((EntryState::Held(_), acked)) if acked >= replicas => Ok(permit),
             Ok((EntryState::Held(_), acked)) => {

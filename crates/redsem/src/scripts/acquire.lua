@@ -9,6 +9,8 @@
 --        {-1, why}                    try mode: not granted; why = 1: fewer permits free than n,
 --                                     2: enough free, but others are queued first (FIFO)
 --        {-2, limit}                  n exceeds the limit
+--        Each reply ends with one more element: the permits free once the whole batch was
+--        handled (a snapshot for Semaphore::available_permits).
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
 local limit = load_limit()
@@ -45,4 +47,6 @@ for j = 0, tonumber(ARGV[4]) - 1 do
   replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
 end
+local free = free_now(limit)
+for _, r in ipairs(replies) do r[#r + 1] = free end
 return replies

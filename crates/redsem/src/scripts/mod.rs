@@ -20,7 +20,9 @@ pub(crate) use crate::backend::Conn;
 use crate::error::{CallError, CallResult};
 use crate::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
-pub(crate) use reply::{AcquireReply, EntryState, Grant, Notice, StatsReply, parse_notices};
+pub(crate) use reply::{
+    AcquireReply, EntryState, Grant, Notice, Opened, Renewal, StatsReply, parse_notices,
+};
 
 const PRELUDE: &str = include_str!("prelude.lua");
 
@@ -131,7 +133,7 @@ pub(crate) async fn acquire(
     conn: &mut Conn,
     t: &Target<'_>,
     batch: &[AcquireArgs<'_>],
-) -> CallResult<Vec<AcquireReply>> {
+) -> CallResult<(Vec<AcquireReply>, Option<u32>)> {
     let v = ACQUIRE
         .run(conn, t, |inv| {
             inv.arg(batch.len());
@@ -149,13 +151,9 @@ pub(crate) async fn acquire(
     reply::acquire(&v, batch.len())
 }
 
-/// Renews (never re-creates) the listed entries. Returns the time to the nearest lease expiry
-/// and one state per id.
-pub(crate) async fn renew(
-    conn: &mut Conn,
-    t: &Target<'_>,
-    ids: &[&str],
-) -> CallResult<(Option<u64>, Vec<EntryState>)> {
+/// Renews (never re-creates) the listed entries. Returns the time to the nearest lease expiry,
+/// one state per id, and the free permits and limit seen.
+pub(crate) async fn renew(conn: &mut Conn, t: &Target<'_>, ids: &[&str]) -> CallResult<Renewal> {
     let v = RENEW
         .run(conn, t, |inv| {
             for id in ids {
@@ -182,9 +180,9 @@ pub(crate) async fn set_lease(
     reply::entry(&v)
 }
 
-/// What [`renew_and_wait`] learnt: the next lease expiry, each entry's state, and how many
-/// replicas acknowledged the renewal.
-pub(crate) type SyncedRenewal = (Option<u64>, Vec<EntryState>, u32);
+/// What [`renew_and_wait`] learnt: the renewal's reply, and how many replicas acknowledged
+/// it.
+pub(crate) type SyncedRenewal = (Renewal, u32);
 
 /// Synced mode: renews `ids` and, on the same connection, `WAIT`s for `replicas` replicas
 /// (replication is ordered, so a replica that has this renewal also has the grants before
@@ -229,8 +227,8 @@ pub(crate) async fn renew_and_wait(
         if let Value::ServerError(e) = acked {
             return Err(CallError::Redis(e.clone().into()));
         }
-        let (next_expiry, states) = reply::renew(renewed, ids.len())?;
-        return Ok((next_expiry, states, reply::integer(acked)?.max(0) as u32));
+        let renewal = reply::renew(renewed, ids.len())?;
+        return Ok((renewal, reply::integer(acked)?.max(0) as u32));
     }
     unreachable!("the second attempt returns")
 }
@@ -254,11 +252,9 @@ pub(crate) async fn release(
     Ok(reply::integer(&v)? as u64)
 }
 
-/// Checks key types, creates the semaphore if missing; returns (stored limit, created).
-pub(crate) async fn open(
-    conn: &mut Conn,
-    t: &Target<'_>,
-) -> CallResult<(u32, bool, Option<String>)> {
+/// Checks key types, creates the semaphore if missing; returns the stored limit, whether it
+/// was created, a key with a TTL, and the free permits.
+pub(crate) async fn open(conn: &mut Conn, t: &Target<'_>) -> CallResult<Opened> {
     let v = OPEN.run(conn, t, |_| {}).await?;
     reply::open(&v)
 }
@@ -287,6 +283,23 @@ pub(crate) async fn maxmemory_policy(
         l.strip_prefix("maxmemory_policy:")
             .map(|p| p.trim().to_owned())
     }))
+}
+
+/// Changes the stored limit by `delta` atomically; returns `(previous, new)`, or `None` (and
+/// no change) when the new limit would be outside `1..=max`.
+pub(crate) async fn add_to_limit(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    delta: i64,
+    max: u32,
+) -> CallResult<(u32, Option<u32>)> {
+    let v = RESIZE
+        .run(conn, t, |inv| {
+            inv.arg(delta).arg("add").arg(max);
+        })
+        .await?;
+    let (old, new) = reply::pair(&v)?;
+    Ok((old.max(0) as u32, (new > 0).then_some(new as u32)))
 }
 
 /// Sets the stored limit; returns the previous one.

@@ -1,8 +1,8 @@
 -- open: check that the keys hold what redsem expects (a WRONGTYPE error otherwise), create the
 -- configuration on first use, check the keys' consistency (a repair after a key loss, see
 -- audit in the prelude), and report the stored limit.
--- Reply: {stored_limit, created (0|1), first key that carries a TTL or ""} (a TTL makes the
--- key evictable under a volatile-* maxmemory-policy; redsem never sets one)
+-- Reply: {stored_limit, created (0|1), first key that carries a TTL or "", permits free} (a TTL
+-- makes the key evictable under a volatile-* maxmemory-policy; redsem never sets one)
 local existed = redis.call('EXISTS', K_CFG)
 -- touch every key with a read of its expected type: raises WRONGTYPE for a foreign key
 redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE); redis.call('ZCARD', K_EXP)
@@ -16,4 +16,4 @@ local with_ttl = ''
 for _, k in ipairs(KEYS) do
   if redis.call('PTTL', k) > 0 then with_ttl = k; break end
 end
-return { limit, 1 - existed, with_ttl }
+return { limit, 1 - existed, with_ttl, free_now(limit) }

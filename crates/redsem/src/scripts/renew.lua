@@ -1,7 +1,8 @@
 -- renew: the batched heartbeat of one process. Reaps, grants, then extends the lease of every
 -- listed entry that still exists. Never re-creates an entry that expired or was removed.
 -- ARGV (after the common header): 4.. ids
--- Reply: {next_expiry_ms, states} with one state per id, in order:
+-- Reply: {next_expiry_ms, states, free, limit} with one state per id, in order (free: the
+--        permits free now; limit: the stored limit):
 --        {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --        {0}                still queued
 --        {-1}               gone: expired, released by someone else, or lost with Redis data
@@ -31,4 +32,4 @@ for i = 4, #ARGV do
     end
   end
 end
-return { next_expiry(now), states }
+return { next_expiry(now), states, free_now(limit), limit }

@@ -36,7 +36,13 @@ pub(crate) enum AcquireReply {
 }
 
 /// Parses the reply of `acquire.lua` for a batch of `requests` requests.
-pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<Vec<AcquireReply>> {
+pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<(Vec<AcquireReply>, Option<u32>)> {
+    // the permits free after the batch: the last element of every reply
+    let free = array(v)?
+        .last()
+        .and_then(|r| array(r).ok())
+        .and_then(|items| int(items.last()).ok())
+        .map(|f| f.clamp(0, u32::MAX as i64) as u32);
     let replies = array(v)?
         .iter()
         .map(|r| {
@@ -61,7 +67,7 @@ pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<Vec<AcquireReply
     if replies.len() != requests {
         return Err(unexpected(v));
     }
-    Ok(replies)
+    Ok((replies, free))
 }
 
 /// One entry's state in a renewal reply.
@@ -72,7 +78,7 @@ pub(crate) enum EntryState {
     Gone,
 }
 
-pub(super) fn renew(v: &Value, ids: usize) -> CallResult<(Option<u64>, Vec<EntryState>)> {
+pub(super) fn renew(v: &Value, ids: usize) -> CallResult<Renewal> {
     let items = array(v)?;
     let next = expiry(int(items.first())?);
     let states = array(items.get(1).ok_or_else(|| unexpected(v))?)?
@@ -82,7 +88,37 @@ pub(super) fn renew(v: &Value, ids: usize) -> CallResult<(Option<u64>, Vec<Entry
     if states.len() != ids {
         return Err(unexpected(v));
     }
-    Ok((next, states))
+    let seen = match (items.get(2), items.get(3)) {
+        (Some(free), Some(limit)) => Some((
+            int(Some(free))?.clamp(0, u32::MAX as i64) as u32,
+            int(Some(limit))?.clamp(0, u32::MAX as i64) as u32,
+        )),
+        _ => None,
+    };
+    Ok(Renewal {
+        next_expiry: next,
+        states,
+        seen,
+    })
+}
+
+/// What one `renew.lua` call answered.
+pub(crate) struct Renewal {
+    /// Time to the nearest lease expiry in Redis, if any.
+    pub(crate) next_expiry: Option<u64>,
+    /// One state per id sent.
+    pub(crate) states: Vec<EntryState>,
+    /// `(free permits, stored limit)` at the time of the call.
+    pub(crate) seen: Option<(u32, u32)>,
+}
+
+/// Two integers: `{a, b}`.
+pub(super) fn pair(v: &Value) -> CallResult<(i64, i64)> {
+    let items = array(v)?;
+    if items.len() != 2 {
+        return Err(unexpected(v));
+    }
+    Ok((int(items.first())?, int(items.get(1))?))
 }
 
 /// Three integers: `{a, b, c}`.
@@ -195,17 +231,34 @@ pub(super) fn integer(v: &Value) -> CallResult<i64> {
 }
 
 /// Parses the reply of `open.lua`: (stored limit, created, a key that carries a TTL).
-pub(super) fn open(v: &Value) -> CallResult<(u32, bool, Option<String>)> {
+pub(super) fn open(v: &Value) -> CallResult<Opened> {
     let items = array(v)?;
     let with_ttl = match items.get(2) {
         Some(v) => Some(string(Some(v))?).filter(|k| !k.is_empty()),
         None => None,
     };
-    Ok((
-        int(items.first())? as u32,
-        int(items.get(1))? == 1,
+    let limit = int(items.first())? as u32;
+    Ok(Opened {
+        limit,
+        created: int(items.get(1))? == 1,
         with_ttl,
-    ))
+        free: match items.get(3) {
+            Some(f) => int(Some(f))?.clamp(0, u32::MAX as i64) as u32,
+            None => limit,
+        },
+    })
+}
+
+/// What `open.lua` answered.
+pub(crate) struct Opened {
+    /// The stored limit.
+    pub(crate) limit: u32,
+    /// Whether this call created the semaphore.
+    pub(crate) created: bool,
+    /// A key of the semaphore that carries a TTL, if any.
+    pub(crate) with_ttl: Option<String>,
+    /// Permits free now.
+    pub(crate) free: u32,
 }
 
 fn expiry(ms: i64) -> Option<u64> {

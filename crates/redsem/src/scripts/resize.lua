@@ -1,10 +1,16 @@
 -- resize: change the stored limit live. Growing admits waiters at once; shrinking lets
 -- holders finish and admits no one until the permits in use are below the new limit.
--- ARGV (after the common header): 4 new limit
--- Reply: the previous limit
+-- ARGV (after the common header): 4 new limit, or with ARGV 5 = "add": a change (+/-) of the
+--   stored limit, applied atomically, refused when the result is outside 1..ARGV 6
+-- Reply: the previous limit; with "add": {previous, new} or {previous, -1} when refused
 local now = now_ms()
 local old = load_limit()
 local new = tonumber(ARGV[4])
+local relative = ARGV[5] == 'add'
+if relative then
+  new = old + new
+  if new < 1 or new > tonumber(ARGV[6]) then return { old, -1 } end
+end
 if new > old then
   for s = old, new - 1 do
     if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
@@ -14,4 +20,5 @@ elseif new < old then
 end
 redis.call('HSET', K_CFG, 'limit', new)
 settle(now, new, true)
+if relative then return { old, new } end
 return old

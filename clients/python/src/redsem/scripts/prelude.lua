@@ -341,6 +341,13 @@ local function next_expiry(now)
   return d
 end
 
+-- Permits free now (the limit minus the slots held; 0 while the limit is below them).
+local function free_now(limit)
+  local f = limit - redis.call('HLEN', K_SLOTS)
+  if f < 0 then return 0 end
+  return f
+end
+
 -- A holder's reply: {1, slots, fences, ticket}
 local function held_reply(m)
   local f = {}
