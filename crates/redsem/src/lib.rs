@@ -74,6 +74,7 @@
 //! | `tower` | `redsem::tower`: a tower `Layer`/`Service` limiting in-flight requests across replicas (axum, hyper, reqwest, tonic stacks) |
 //! | `metrics` | counters, histograms and gauges through the `metrics` facade; names in [the metrics module](crate::metrics) |
 //! | `tls` | `rediss://` URLs (rustls) |
+//! | `blocking` | `redsem::blocking`: the same API for programs without async, on a runtime thread of its own (as `reqwest::blocking`) |
 //!
 //! [`tracing`](https://docs.rs/tracing) spans and events are always emitted (see
 //! [Observability](guide#observability)); they cost nothing without a subscriber.
@@ -88,7 +89,8 @@
 
 // Layers, top to bottom; a module imports only from layers below its own (see
 // docs/ARCHITECTURE.md; checked by tests/layers.rs):
-//   public API: semaphore, options, builder, permit, client, admin, tower, fencing, stats, guide
+//   public API: semaphore, options, builder, permit, client, admin, blocking, tower, fencing,
+//               stats, guide
 //   engine:     engine/ (acquire, batching, heartbeat, releaser, notifier, table, ...)
 //   protocol:   scripts/ (the Lua scripts, their arguments and the only reply parser)
 //   transport:  backend/ (URLs, TLS, standalone, cluster, Sentinel connections)
@@ -96,6 +98,9 @@
 
 // public API
 mod admin;
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 mod builder;
 mod client;
 pub mod fencing;

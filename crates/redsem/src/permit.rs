@@ -77,6 +77,22 @@ impl Permit {
         Permit { held, fences }
     }
 
+    /// The name of the semaphore this permit belongs to.
+    pub fn semaphore(&self) -> &str {
+        self.held.name()
+    }
+
+    /// Why the lease is lost, once [`is_lost`](Self::is_lost) is true: the heartbeat's
+    /// reason, or [`LostReason::Unreachable`] when only the local deadline has passed (no
+    /// renewal was confirmed in time). `None` while it is not lost. Cheap, no I/O.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        match self.held.lease().lost_reason() {
+            Some(reason) => Some(reason),
+            None if self.held.is_lost() => Some(LostReason::Unreachable),
+            None => None,
+        }
+    }
+
     /// The holder id in Redis (as listed by [`Semaphore::stats`](crate::Semaphore::stats)).
     pub fn holder_id(&self) -> &str {
         self.held.id()
