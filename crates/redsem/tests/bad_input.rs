@@ -167,6 +167,52 @@ async fn a_key_holding_another_type_is_a_wrong_type_error() {
     }
 }
 
+/// A key replaced by a foreign type behind an open semaphore's back fails the next script
+/// before it writes anything: no slot popped, no ticket taken, no entry left half-made.
+#[tokio::test]
+async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
+    for server in servers() {
+        let client = client(&server).await;
+        for suffix in ["fence", "free", "slots"] {
+            let name = format!("partial-{suffix}");
+            let sem = open(&client, &name, 2, Duration::from_secs(5)).await;
+            // a holder, so that the grant below would touch every key
+            let held = sem.acquire().await.unwrap();
+            let key = format!("redsem:{{{name}}}:{suffix}");
+            server.cmd(&["DEL", &key]);
+            server.cmd(&["SET", &key, "written by another program"]);
+            let dump = |k: &str| -> String {
+                let k = format!("redsem:{{{name}}}:{k}");
+                format!("{:?}", server.cmd(&["DUMP", &k]))
+            };
+            let before: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+                .iter()
+                .map(|k| dump(k))
+                .collect();
+            let err = sem.try_acquire().await.unwrap_err();
+            assert!(
+                matches!(err, Error::WrongType { .. }),
+                "{} {suffix}: {err:?}",
+                server.flavor()
+            );
+            let after: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+                .iter()
+                .map(|k| dump(k))
+                .collect();
+            assert_eq!(
+                before,
+                after,
+                "{} {suffix}: the failed script wrote",
+                server.flavor()
+            );
+            held.detach();
+            // the operator's way out: a forced delete removes it whatever its keys hold
+            client.delete_semaphore(&name, true).await.unwrap();
+            assert_eq!(server.cmd(&["EXISTS", &key]).as_int(), Some(0), "{suffix}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn unreachable_redis_fails_within_the_connect_timeout() {
     let port = test_support::free_port();

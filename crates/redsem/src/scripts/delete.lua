@@ -7,13 +7,23 @@
 -- ARGV (after the common header): 4 force ("1" or "0")
 -- Reply: {1, holders, waiters} deleted; the counts are the entries it evicted
 --        {0, holders, waiters} refused: live holders or waiters, and not forced
-local now = now_ms()
-local limit = load_limit()
-settle(now, limit, false) -- expired entries do not count (and what they free is granted)
-local entries = redis.call('HLEN', K_META)
-local waiters = redis.call('ZCARD', K_QUEUE)
+-- A forced delete reads nothing it relies on, so that it also removes a semaphore whose keys
+-- are inconsistent (Error::Corrupt) or hold foreign types (WRONGTYPE).
+local force = ARGV[4] == '1'
+if not force then
+  local now = now_ms()
+  local limit = load_limit()
+  settle(now, limit, false) -- expired entries do not count (and what they free is granted)
+end
+local function count(cmd, key)
+  local r = redis.pcall(cmd, key)
+  if type(r) == 'number' then return r end
+  return 0
+end
+local entries = count('HLEN', K_META)
+local waiters = count('ZCARD', K_QUEUE)
 local holders = entries - waiters
 if holders < 0 then holders = 0 end
-if entries > 0 and ARGV[4] ~= '1' then return { 0, holders, waiters } end
+if entries > 0 and not force then return { 0, holders, waiters } end
 redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE)
 return { 1, holders, waiters }

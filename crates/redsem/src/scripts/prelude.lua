@@ -102,7 +102,12 @@ local function repair(limit)
 end
 
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
+-- Every script calls it before its first write. It also reads the keys that a script would
+-- otherwise touch first with a write (slots, free, fence), so that a key holding a foreign
+-- type fails the script with WRONGTYPE before anything was written: a failing script never
+-- leaves partial writes. (cfg, exp, queue and meta are read before they are written.)
 local function load_limit()
+  redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE); redis.call('HLEN', K_FENCE)
   local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver')
   if cfg[1] then
     if cfg[2] and tonumber(cfg[2]) ~= PROTOCOL then
