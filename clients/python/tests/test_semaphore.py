@@ -380,3 +380,35 @@ def test_waiters_keep_their_tickets_while_renewals_run_concurrently(server, name
         tickets = with_sem(server, name, body, limit=1, lease=1.2, renew_every=0.04)
     assert tickets == list(range(2, 62)), "granted in ticket order, each waiter with its first ticket"
     assert not [r for r in caplog.records if "vanished" in r.getMessage()]
+
+
+def test_a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant(server, name):
+    """Redis loses a grant while the entry waited there (a failover to a replica that missed
+    it) and grants the same id afresh: the permit of the lost grant is lost, not renewed."""
+    keys = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+    r = redis.Redis(port=server.port)
+
+    def copy(src, dst):
+        for k in keys:
+            r.delete(f"{dst}{k}")
+            r.copy(f"{src}{k}", f"{dst}{k}")
+
+    async def body(c, sem):
+        first = await sem.acquire()
+        waiting = asyncio.ensure_future(sem.acquire())
+        await until(lambda: _n_waiting(sem, 1))
+        live, saved = f"redsem:{{{name}}}:", f"redsem:{{{name}}}:saved-"
+        copy(live, saved)  # the replica's copy: `first` holds, the waiter is queued
+        first_id = first.holder_id
+        await first.release()
+        second = await waiting
+        old = second.fences[0]
+        copy(saved, live)  # the failover
+        assert await c.force_release(name, first_id)  # the waiter is granted afresh
+        await asyncio.wait_for(second.lost.wait(), 5)
+        assert second.lost_reason == NOT_HOLDER
+        await second.release()
+        nxt = await asyncio.wait_for(sem.acquire(), 5)
+        assert nxt.fences[0].generation > old.generation
+        await nxt.release()
+    with_sem(server, name, body, limit=1, lease=3.0, renew_every=0.15)

@@ -54,11 +54,16 @@ pub enum FaultKind {
     DebugSleep,
     /// An operator's `force_release` of a holder (it learns at its next renewal).
     ForceRelease,
+    /// A failover to a replica that lags: Redis saves its data (`SAVE`), runs on for less
+    /// than one renewal interval, is killed, and comes back from that save, so the writes
+    /// of that last stretch (grants, renewals, releases) are lost, as when a replica that
+    /// missed them is promoted.
+    FailoverLagging,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::PauseShort,
@@ -72,6 +77,7 @@ impl FaultKind {
         FaultKind::RestartDataLoss,
         FaultKind::DebugSleep,
         FaultKind::ForceRelease,
+        FaultKind::FailoverLagging,
     ];
 
     /// The kebab-case name used on the command line and in the logs.
@@ -90,6 +96,7 @@ impl FaultKind {
             FaultKind::RestartDataLoss => "restart-data-loss",
             FaultKind::DebugSleep => "debug-sleep",
             FaultKind::ForceRelease => "force-release",
+            FaultKind::FailoverLagging => "failover-lagging",
         }
     }
 
@@ -110,6 +117,7 @@ impl FaultKind {
             FaultKind::RestartDataLoss => 1,
             FaultKind::DebugSleep => 4,
             FaultKind::ForceRelease => 4,
+            FaultKind::FailoverLagging => 1,
         }
     }
 }

@@ -10,8 +10,8 @@
 //! | `I <n> <id>` | entry id `<id>` is called `<n>` below |
 //! | `S <sent> <received> <redis_us> <sem> <limit> <entries> <slots>` | one semaphore at Redis time `<redis_us>` |
 //!
-//! `<entries>` is `-` or `;`-separated `<n>:<exp_ms>:<queue rank>:<permits>:<granted_ms>:<ticket>:<slots>`
-//! (`-1` for a missing field, slots `a,b` or `-`); an entry is every id found in the lease
+//! `<entries>` is `-` or `;`-separated `<n>:<exp_ms>:<queue rank>:<permits>:<granted_ms>:<ticket>:<slots>:<fences>`
+//! (`-1` for a missing field, slots `a,b` or `-`, fences (generations, same order) likewise); an entry is every id found in the lease
 //! set, the queue or the records. `<slots>` is `-` or `;`-separated `<slot>=<n>` (the slot
 //! table). `<sent>`/`<received>` (runner clock) tell which Redis incarnation answered.
 
@@ -49,7 +49,7 @@ for i = 1, #KEYS, 5 do
   for _, id in ipairs(redis.call('HKEYS', meta)) do rec(id) end
   local lines = {}
   for _, r in ipairs(recs) do
-    local n, a, tk, s = -1, -1, -1, '-'
+    local n, a, tk, s, fs = -1, -1, -1, '-', '-'
     local raw = redis.call('HGET', meta, r.id)
     if raw then
       local m = cjson.decode(raw)
@@ -61,8 +61,9 @@ for i = 1, #KEYS, 5 do
         for k, v in ipairs(m.s) do parts[k] = string.format('%d', v) end
         if #parts > 0 then s = table.concat(parts, ',') end
       end
+      if m.f and #m.f > 0 then fs = table.concat(m.f, ',') end
     end
-    lines[#lines + 1] = string.format('%s %d %d %d %d %d %s', r.id, r.e, r.q, n, a, tk, s)
+    lines[#lines + 1] = string.format('%s %d %d %d %d %d %s %s', r.id, r.e, r.q, n, a, tk, s, fs)
   end
   local sl = redis.call('HGETALL', slots)
   local sls = {}
@@ -185,13 +186,13 @@ fn record(
         let mut entries = Vec::new();
         for line in entries_raw.lines() {
             let f: Vec<&str> = line.split(' ').collect();
-            if f.len() != 7 {
+            if f.len() != 8 {
                 continue;
             }
             let n = intern(f[0]);
             entries.push(format!(
-                "{n}:{}:{}:{}:{}:{}:{}",
-                f[1], f[2], f[3], f[4], f[5], f[6]
+                "{n}:{}:{}:{}:{}:{}:{}:{}",
+                f[1], f[2], f[3], f[4], f[5], f[6], f[7]
             ));
         }
         let mut slots = Vec::new();

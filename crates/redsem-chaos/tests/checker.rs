@@ -162,11 +162,19 @@ fn write_run_with(dir: &Path, story: Story) {
             Story::Evicted { .. } => ms < 1500,
         };
         if w0_valid {
-            entries.push(format!("0:{}:-1:1:{}:1:0", (now / MS) + 400, t(1000) / MS));
+            entries.push(format!(
+                "0:{}:-1:1:{}:1:0:1",
+                (now / MS) + 400,
+                t(1000) / MS
+            ));
             slots.push("0=0".to_owned());
         }
         if (2000..2500).contains(&ms) {
-            entries.push(format!("1:{}:-1:1:{}:2:0", (now / MS) + 400, t(2000) / MS));
+            entries.push(format!(
+                "1:{}:-1:1:{}:2:0:2",
+                (now / MS) + 400,
+                t(2000) / MS
+            ));
             slots.push("0=1".to_owned());
         }
         let join = |v: Vec<String>| {
@@ -326,7 +334,7 @@ fn write_data_loss_run(dir: &Path, acq0_ms: i64, epoch0: &str) {
         let now = t(ms);
         let (entries, slots) = if (1200..1250).contains(&ms) {
             (
-                format!("1:{}:-1:1:{}:1:0", (now / MS) + 400, t(1200) / MS),
+                format!("1:{}:-1:1:{}:1:0:1", (now / MS) + 400, t(1200) / MS),
                 "0=1".to_owned(),
             )
         } else {

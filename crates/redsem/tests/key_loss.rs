@@ -202,3 +202,57 @@ async fn an_evicted_free_set_is_repaired_before_any_grant() {
         assert!(st.repairs_total >= 1, "the repair is reported");
     }
 }
+
+/// Redis loses a grant while the entry waited there — a failover to a replica that missed
+/// it, a restore of an older copy — and later grants the same id afresh, with a new fence.
+/// The permit of the lost grant must not take the new grant for its own: its slots and
+/// fences are not what Redis holds for it. Its next renewal declares it lost, and the
+/// fresh grant is given back.
+#[tokio::test]
+async fn a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant() {
+    for server in servers() {
+        let name = "regranted";
+        let client = client(&server).await;
+        let sem = client
+            .semaphore(name, 1)
+            .lease(Duration::from_secs(3))
+            .renew_every(RENEW)
+            .open()
+            .await
+            .unwrap();
+        let first = sem.acquire().await.unwrap();
+        let waiting = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, name, "queue") == 1).await);
+        // the replica's copy: `first` holds, the waiter is queued
+        let copy = |from: &str, to: &str| {
+            for k in KEYS {
+                let (a, b) = (format!("{from}{k}"), format!("{to}{k}"));
+                server.cmd(&["DEL", &b]);
+                server.cmd(&["COPY", &a, &b]);
+            }
+        };
+        let live = format!("redsem:{{{name}}}:");
+        let saved = format!("redsem:{{{name}}}:saved-");
+        copy(&live, &saved);
+        let first_id = first.holder_id().to_owned();
+        first.release().await.unwrap();
+        let second = waiting.await.unwrap();
+        let old_fence = second.fences()[0];
+        // the failover: the copy comes back; `first` no longer renews its entry there, and an
+        // operator removes it, so the waiter is granted again, with a new fence
+        copy(&saved, &live);
+        assert!(sem.force_release(&first_id).await.unwrap());
+        let lost = tokio::time::timeout(Duration::from_secs(5), second.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{}: the permit adopted the fresh grant", server.flavor()));
+        assert_eq!(lost, redsem::LostReason::NotHolder);
+        assert_eq!(old_fence.slot, 0);
+        // the fresh grant was given back: the slot is free for the next acquisition
+        drop(second);
+        let next = sem.acquire_timeout(Duration::from_secs(5)).await.unwrap();
+        assert!(next.fences()[0].generation > old_fence.generation);
+    }
+}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, NamedTuple, Op
 from .errors import LeaseLost
 
 if TYPE_CHECKING:
+    from . import _protocol
     from .semaphore import Semaphore
 
 T = TypeVar("T")
@@ -59,6 +60,12 @@ class Permit:
         self._trusted_from = renewed_at if trusted_from is None else trusted_from
         self._released = False
         self._on_lost: List[Callable[[], Any]] = []
+
+    def _is_grant(self, grant: "_protocol.Grant") -> bool:
+        """Whether Redis's answer is this permit's grant (and not a fresh one under its id)."""
+        return (grant.ticket == self.ticket
+                and tuple(grant.slots) == tuple(f.slot for f in self.fences)
+                and tuple(grant.fences) == tuple(f.generation for f in self.fences))
 
     @property
     def slots(self) -> List[int]:

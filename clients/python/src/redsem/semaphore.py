@@ -438,9 +438,11 @@ class Semaphore:
             self._next_check = None
             self._expect_expiry(next_expiry)
             for (id, permit), state in zip(mine, states):
-                if isinstance(state, _protocol.Held):
+                if isinstance(state, _protocol.Held) and permit._is_grant(state.grant):
                     permit._confirm(sent)
                 else:
+                    # gone, or granted afresh under the same id after Redis lost this grant
+                    # (a failover to a replica that missed it): not this permit's slots
                     self._lose(permit, NOT_HOLDER)
             for id, state in zip(chunk, states[len(mine):]):
                 if isinstance(state, _protocol.Held):

@@ -26,6 +26,16 @@ pub(super) struct Restart {
     pub(super) start: i64,
     pub(super) dead: i64,
     pub(super) ready: i64,
+    /// A failover to a lagging replica: every write before this moment survived (the
+    /// restart came back from a save made then). `None`: everything was lost.
+    pub(super) kept: Option<i64>,
+}
+
+impl Restart {
+    /// Whether a grant received at `acq` may have been lost with this restart's data.
+    pub(super) fn may_lose_grant(&self, acq: i64) -> bool {
+        self.kept.is_none_or(|k| acq >= k)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -157,11 +167,12 @@ fn parse_runner(text: &str, logs: &mut Logs) {
                     detail: f[6].to_owned(),
                 });
             }
-            "restart" if f.len() == 4 => {
+            "restart" if f.len() == 4 || f.len() == 5 => {
                 logs.restarts.push(Restart {
                     start: num(f.get(1)).unwrap_or(0),
                     dead: num(f.get(2)).unwrap_or(0),
                     ready: num(f.get(3)).unwrap_or(0),
+                    kept: num(f.get(4)),
                 });
             }
             "hold" if f.len() == 6 => {

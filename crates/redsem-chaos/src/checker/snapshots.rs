@@ -33,11 +33,13 @@ pub(super) struct Entry {
     pub(super) granted_ms: i64,
     /// The slots it holds.
     pub(super) slots: Vec<u32>,
+    /// Their generations (same order; empty for a waiter).
+    pub(super) fences: Vec<u64>,
 }
 
 fn parse_entry(s: &str) -> Option<Entry> {
     let f: Vec<&str> = s.split(':').collect();
-    if f.len() != 7 {
+    if f.len() != 8 {
         return None;
     }
     Some(Entry {
@@ -50,6 +52,11 @@ fn parse_entry(s: &str) -> Option<Entry> {
             Vec::new()
         } else {
             f[6].split(',').filter_map(|x| x.parse().ok()).collect()
+        },
+        fences: if f[7] == "-" {
+            Vec::new()
+        } else {
+            f[7].split(',').filter_map(|x| x.parse().ok()).collect()
         },
     })
 }
@@ -266,20 +273,23 @@ impl Observations {
         for &i in active.iter() {
             let o = &mut ops[i];
             let entry = self.op_iid[i].and_then(|id| by_id.get(&id));
+            // Its grant, not a later one under the same id (Redis lost the first grant while
+            // the entry waited there, and granted it afresh): same slots and generations.
+            let its_grant = |e: &Entry| {
+                e.slots == o.fences.iter().map(|f| f.0).collect::<Vec<_>>()
+                    && e.fences == o.fences.iter().map(|f| f.1).collect::<Vec<_>>()
+            };
             if let Some(e) = entry
                 && e.granted_ms >= 0
                 && o.granted_ms.is_none()
+                && its_grant(e)
             {
                 o.granted_ms = Some(e.granted_ms);
             }
             if o.acq.is_some_and(|a| a < now) {
-                // holder ids are unique: finding its entry, whichever Redis incarnation
+                // holder ids are unique: finding its grant, whichever Redis incarnation
                 // answered, proves the grant lives there
-                let ok = entry.is_some_and(|e| {
-                    s.valid(e)
-                        && e.queue < 0
-                        && e.slots == o.fences.iter().map(|f| f.0).collect::<Vec<_>>()
-                });
+                let ok = entry.is_some_and(|e| s.valid(e) && e.queue < 0 && its_grant(e));
                 o.obs.push((now, ok));
             }
         }

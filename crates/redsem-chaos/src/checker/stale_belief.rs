@@ -5,7 +5,10 @@
 //! The faults that explain it:
 //! - its process was paused (SIGSTOP) or stalled (no timer fired: starved) between
 //!   `s* − lease` and `s*`: a process that does not run cannot renew, nor learn;
-//! - Redis lost its data after the grant (a restart without persistence);
+//! - Redis lost its data after the grant (a restart without persistence, or a failover to a
+//!   replica that lags: then only the grants made after the replica's copy are lost; one
+//!   made before keeps a valid lease, since the lag is below one renewal interval and the
+//!   holder's deadline counts from the renewal before its last);
 //! - an operator force-released it.
 //!
 //! The bound: it stops believing (the guarded work cancelled) within one renewal interval
@@ -60,8 +63,11 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
         // runner could not tell its incarnation: `hold … ?`), even if its reply or
         // notification was read after Redis died.
         let unknown_epoch = matches!(logs.holds.get(&o.name), Some(None));
+        // (a failover to a lagging replica loses only the grants made after its save)
         let data_lost = logs.restarts.iter().any(|rs| {
-            rs.start <= end && (rs.dead >= s_valid || (unknown_epoch && rs.dead >= o.begin))
+            rs.start <= end
+                && rs.may_lose_grant(acq)
+                && (rs.dead >= s_valid || (unknown_epoch && rs.dead >= o.begin))
         });
         let evicted = o
             .holder
@@ -84,10 +90,9 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             sure: Some(s_star),
         };
         // explanations
-        let restart = logs
-            .restarts
-            .iter()
-            .find(|rs| rs.start >= o.begin.min(acq) && rs.start <= s_star);
+        let restart = logs.restarts.iter().find(|rs| {
+            rs.start >= o.begin.min(acq) && rs.start <= s_star && rs.may_lose_grant(acq)
+        });
         // halts that could have let its lease run out unnoticed (begun by s*), and halts
         // that kept it from learning afterwards (begun before it gave up)
         let all_halts = logs.halts(o.worker);
@@ -190,11 +195,11 @@ pub(super) fn class_of(logs: &Logs, o: &Op, since: i64) -> &'static str {
         .is_some_and(|&(f0, _)| f0 <= since + logs.t.snapshot * 2);
     if evicted {
         "eviction"
-    } else if logs
-        .restarts
-        .iter()
-        .any(|rs| rs.start >= o.begin && rs.start <= since + logs.t.snapshot * 2)
-    {
+    } else if logs.restarts.iter().any(|rs| {
+        rs.start >= o.begin
+            && rs.start <= since + logs.t.snapshot * 2
+            && o.acq.is_none_or(|acq| rs.may_lose_grant(acq))
+    }) {
         "data-loss"
     } else if w
         .pauses

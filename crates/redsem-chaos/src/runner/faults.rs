@@ -76,6 +76,8 @@ pub(super) async fn schedule(
             FaultKind::BlackholePubsub => rng.u64(100..=3000),
             FaultKind::Latency => rng.u64(200..=2000),
             FaultKind::DebugSleep => rng.u64(20..=lease * 7 / 5),
+            // the replica's lag: less than one renewal interval (the documented bound)
+            FaultKind::FailoverLagging => rng.u64(0..cfg.renew_ms.max(1)),
             _ => 0,
         };
         let extra = rng.u64(2..=50); // latency per chunk
@@ -320,6 +322,55 @@ async fn inject(
             .unwrap_or((0, 0, 0));
             shared.log.line(&format!("restart {t0} {dead} {ready}"));
             log(t0, None, None, format!("dead={dead},ready={ready}"));
+        }
+        FaultKind::FailoverLagging => {
+            let sh = shared.clone();
+            let outcome = tokio::task::spawn_blocking(move || {
+                let mut srv = server.lock().unwrap();
+                // the replica's copy: every write before `kept` survives
+                let kept = now_us();
+                if let Err(e) = srv.try_cmd(&["SAVE"]) {
+                    return Err(format!("save-failed:{e}").replace(' ', "_"));
+                }
+                std::thread::sleep(d);
+                let t0 = {
+                    let mut r = sh.restarts.lock().unwrap();
+                    let t0 = now_us();
+                    r.push((t0, i64::MAX));
+                    t0
+                };
+                srv.kill();
+                let dead = {
+                    let mut r = sh.restarts.lock().unwrap();
+                    let dead = now_us();
+                    if let Some(last) = r.last_mut() {
+                        last.1 = dead;
+                    }
+                    dead
+                };
+                // comes back from the save (the server loads dump.rdb from its dir); the
+                // file is removed once loaded, so a later restart loses everything again
+                srv.restart();
+                let ready = now_us();
+                let _ = std::fs::remove_file(srv.dir().join("dump.rdb"));
+                Ok((kept, t0, dead, ready))
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("panicked:{e}").replace(' ', "_")));
+            match outcome {
+                Ok((kept, t0, dead, ready)) => {
+                    shared
+                        .log
+                        .line(&format!("restart {t0} {dead} {ready} {kept}"));
+                    log(
+                        kept,
+                        None,
+                        None,
+                        format!("lag={ms}ms,kill={t0},dead={dead},ready={ready}"),
+                    );
+                }
+                Err(why) => log(now_us(), None, None, why),
+            }
         }
     }
 }

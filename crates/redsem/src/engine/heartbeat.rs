@@ -366,6 +366,10 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
             let (h_states, w_states) = states.split_at(holders.len());
             for ((id, lease), state) in holders.iter().zip(h_states) {
                 match state {
+                    // granted again under the same id after Redis lost this grant
+                    EntryState::Held(g) if !lease.is_same_grant(g) => {
+                        lose(hb, id, lease, LostReason::NotHolder);
+                    }
                     EntryState::Held(_) if replicated => lease.renewed(sent),
                     EntryState::Held(_) => {}
                     EntryState::Gone | EntryState::Waiting => {
@@ -406,7 +410,10 @@ fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
     if !was_holder {
         return; // released meanwhile
     }
-    let (ticket, slots) = lease.granted().cloned().unwrap_or_default();
+    let (ticket, slots) = lease
+        .granted()
+        .map(|g| (g.ticket, g.slots.clone()))
+        .unwrap_or_default();
     tracing::warn!(semaphore = %hb.name(), holder = id, ticket, ?slots, %reason, "lease lost");
     crate::metrics::lease_lost(hb.name(), reason);
     lease.lose(reason);

@@ -36,7 +36,7 @@ impl Held {
         lease: Arc<LeaseState>,
         local: Option<OwnedSemaphorePermit>,
     ) -> Held {
-        lease.set_granted(grant.ticket, grant.slots.clone());
+        lease.set_granted(grant.clone());
         let _hold = crate::metrics::HoldTimer::new(handle.name());
         Held {
             _hold,
@@ -117,7 +117,7 @@ impl Held {
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
         match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64).await {
-            Ok(EntryState::Held(_)) => {
+            Ok(EntryState::Held(g)) if self.lease.is_same_grant(&g) => {
                 self.lease.set_len(len, sent);
                 tracing::debug!(semaphore = %self.name(), holder = %self.id, ?old, new = ?len, "lease changed");
                 Ok(())

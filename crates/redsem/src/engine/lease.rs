@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::LostReason;
+use crate::scripts::Grant;
 
 /// Safety margin taken off a lease before trusting it: a tenth, at most 1 s.
 pub(crate) fn margin(lease: Duration) -> Duration {
@@ -137,8 +138,9 @@ pub(crate) struct LeaseState {
     lost_tx: watch::Sender<Option<LostReason>>,
     token: CancellationToken,
     renewed: Mutex<Renewals>,
-    /// Ticket and slots of the permit, for the events of the heartbeat.
-    granted: OnceLock<(u64, Vec<u32>)>,
+    /// Ticket, slots and fences of the permit: for the heartbeat's events, and to tell this
+    /// grant from a later one under the same id.
+    granted: OnceLock<Grant>,
 }
 
 impl LeaseState {
@@ -191,14 +193,23 @@ impl LeaseState {
         r.len = r.len.min(len);
     }
 
-    /// Ticket and slots of the permit that holds this lease, once known.
-    pub(crate) fn granted(&self) -> Option<&(u64, Vec<u32>)> {
+    /// Ticket, slots and fences of the permit that holds this lease, once known.
+    pub(crate) fn granted(&self) -> Option<&Grant> {
         self.granted.get()
     }
 
-    /// Records the ticket and slots of the permit that holds this lease.
-    pub(crate) fn set_granted(&self, ticket: u64, slots: Vec<u32>) {
-        let _ = self.granted.set((ticket, slots));
+    /// Records the grant of the permit that holds this lease.
+    pub(crate) fn set_granted(&self, grant: Grant) {
+        let _ = self.granted.set(grant);
+    }
+
+    /// Whether Redis's answer `held` is this permit's grant. It is not when the entry was
+    /// granted again under the same id: Redis lost the first grant (a failover to a replica
+    /// that missed it, a restore) while the entry waited there, and granted it afresh, with
+    /// other fences and maybe other slots. The permit is then lost: its slots and fences are
+    /// not what Redis holds for it.
+    pub(crate) fn is_same_grant(&self, held: &Grant) -> bool {
+        self.granted.get().is_none_or(|mine| mine == held)
     }
 
     /// Records a confirmation by a call sent at `sent` (an older call answering late is
