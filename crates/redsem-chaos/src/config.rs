@@ -59,11 +59,16 @@ pub enum FaultKind {
     /// of that last stretch (grants, renewals, releases) are lost, as when a replica that
     /// missed them is promoted.
     FailoverLagging,
+    /// One key of one semaphore deleted, as an eviction would: its records (`meta`; the
+    /// holders learn at their next renewal, like a `force_release` of each), its free-slot
+    /// set, its fences, its configuration or its queue. The scripts repair what they can
+    /// from what survives and never grant beyond the limit.
+    KeyLoss,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::KillHolder,
         FaultKind::KillWaiter,
         FaultKind::PauseShort,
@@ -78,6 +83,7 @@ impl FaultKind {
         FaultKind::DebugSleep,
         FaultKind::ForceRelease,
         FaultKind::FailoverLagging,
+        FaultKind::KeyLoss,
     ];
 
     /// The kebab-case name used on the command line and in the logs.
@@ -97,6 +103,7 @@ impl FaultKind {
             FaultKind::DebugSleep => "debug-sleep",
             FaultKind::ForceRelease => "force-release",
             FaultKind::FailoverLagging => "failover-lagging",
+            FaultKind::KeyLoss => "key-loss",
         }
     }
 
@@ -118,6 +125,7 @@ impl FaultKind {
             FaultKind::DebugSleep => 4,
             FaultKind::ForceRelease => 4,
             FaultKind::FailoverLagging => 1,
+            FaultKind::KeyLoss => 3,
         }
     }
 }

@@ -303,6 +303,16 @@ impl Logs {
             {
                 logs.evictions.insert(holder.to_owned(), (f.t0, f.t1));
             }
+            // a lost `meta` key: every entry listed lost its record at once, and learns it
+            // at its next renewal, as after a force_release of each
+            if f.kind == FaultKind::KeyLoss
+                && let Some(entries) = f.detail.split(",entries=").nth(1)
+                && entries != "-"
+            {
+                for id in entries.split(';') {
+                    logs.evictions.entry(id.to_owned()).or_insert((f.t0, f.t1));
+                }
+            }
             let Some(w) = f.worker else { continue };
             match f.kind {
                 FaultKind::KillHolder | FaultKind::KillWaiter => {

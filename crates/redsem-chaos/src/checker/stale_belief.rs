@@ -9,7 +9,8 @@
 //!   replica that lags: then only the grants made after the replica's copy are lost; one
 //!   made before keeps a valid lease, since the lag is below one renewal interval and the
 //!   holder's deadline counts from the renewal before its last);
-//! - an operator force-released it.
+//! - an operator force-released it, or its record was lost with the semaphore's `meta` key
+//!   (the `key-loss` fault; counted as an eviction: it learns the same way).
 //!
 //! The bound: it stops believing (the guarded work cancelled) within one renewal interval
 //! (+ slack) of the first moment it could learn, because its next renewal tells it:

@@ -323,6 +323,52 @@ async fn inject(
             shared.log.line(&format!("restart {t0} {dead} {ready}"));
             log(t0, None, None, format!("dead={dead},ready={ready}"));
         }
+        FaultKind::KeyLoss => {
+            // which semaphore and which key, from the seed
+            let sems = &shared.cfg.sems;
+            let sem = &sems[(target % sems.len() as u64) as usize].name;
+            const LOST: [(&str, usize); 5] = [
+                ("meta", 3),
+                ("free", 5),
+                ("fence", 6),
+                ("cfg", 0),
+                ("queue", 1),
+            ];
+            let (key_name, index) = LOST[(extra % LOST.len() as u64) as usize];
+            let Ok(keys) = shared.cfg.keys(sem) else {
+                return;
+            };
+            let key = keys[index].clone();
+            let meta = keys[3].clone();
+            let t0 = now_us();
+            // the records' ids (holders learn of the loss like of a force_release) and the
+            // key gone, in one atomic call
+            let r = tokio::task::spawn_blocking(move || {
+                server.lock().unwrap().try_cmd(&[
+                    "EVAL",
+                    "local ids = redis.call('HKEYS', KEYS[2]); redis.call('DEL', KEYS[1]); return ids",
+                    "2",
+                    &key,
+                    &meta,
+                ])
+            })
+            .await;
+            let detail = match r {
+                Ok(Ok(test_support::Reply::Array(ids))) => {
+                    let ids: Vec<&str> = ids.iter().filter_map(|i| i.as_str()).collect();
+                    let holders = if key_name == "meta" && !ids.is_empty() {
+                        ids.join(";")
+                    } else {
+                        "-".to_owned()
+                    };
+                    format!("sem={sem},key={key_name},entries={holders}")
+                }
+                Ok(Ok(other)) => format!("unexpected:{other:?}").replace(' ', "_"),
+                Ok(Err(e)) => format!("failed:{e}").replace(' ', "_"),
+                Err(e) => format!("panicked:{e}").replace(' ', "_"),
+            };
+            log(t0, None, None, detail);
+        }
         FaultKind::FailoverLagging => {
             let sh = shared.clone();
             let outcome = tokio::task::spawn_blocking(move || {
