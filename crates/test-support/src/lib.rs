@@ -132,6 +132,80 @@ pub fn server_binary(flavor: Flavor) -> Option<PathBuf> {
     find_on_path(flavor.program())
 }
 
+/// A clock of its own for a server process: `libfaketime` preloaded, reading its offset from a
+/// file at every call, so that a test can step the server's clock (`TIME`, lease expiries)
+/// while it runs. Works with Valkey 9; Redis 7.0.15 hangs under it (its `clock_gettime`
+/// recursion check fails), so the clock-step tests use Valkey.
+pub struct FakeClock {
+    dir: tempfile::TempDir,
+}
+
+impl FakeClock {
+    /// `None` (with a note) when `libfaketime.so.1` is not installed (`$REDSEM_FAKETIME_LIB`,
+    /// else `.cache/libfaketime/libfaketime.so.1` from `scripts/install-deps.sh`). With
+    /// `REDSEM_REQUIRE_VALKEY=1` (CI) a missing library is an error (a panic) instead.
+    pub fn new() -> Option<FakeClock> {
+        let lib = Self::lib();
+        if !lib.is_file() {
+            if std::env::var("REDSEM_REQUIRE_VALKEY").is_ok_and(|v| v == "1") {
+                panic!(
+                    "REDSEM_REQUIRE_VALKEY=1 but libfaketime was not found at {}: run `bash scripts/install-deps.sh`",
+                    lib.display()
+                );
+            }
+            eprintln!(
+                "test-support: libfaketime not found at {}, skipping (run scripts/install-deps.sh)",
+                lib.display()
+            );
+            return None;
+        }
+        let clock = FakeClock {
+            dir: tempfile::Builder::new()
+                .prefix("redsem-faketime-")
+                .tempdir()
+                .expect("cannot create a temp dir for the fake clock"),
+        };
+        clock.set_offset_ms(0);
+        Some(clock)
+    }
+
+    fn lib() -> PathBuf {
+        std::env::var_os("REDSEM_FAKETIME_LIB")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join(".cache/libfaketime/libfaketime.so.1"))
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("offset")
+    }
+
+    /// The environment that makes a server process use this clock (see [`ServerOptions::env`]).
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LD_PRELOAD".into(), Self::lib().display().to_string()),
+            (
+                "FAKETIME_TIMESTAMP_FILE".into(),
+                self.file().display().to_string(),
+            ),
+            ("FAKETIME_NO_CACHE".into(), "1".into()),
+        ]
+    }
+
+    /// Sets the server's clock to the real time plus `ms` (negative: behind); takes effect at
+    /// its next clock read.
+    pub fn set_offset_ms(&self, ms: i64) {
+        let text = format!(
+            "{}{:.3}\n",
+            if ms < 0 { "-" } else { "+" },
+            ms.unsigned_abs() as f64 / 1000.0
+        );
+        let tmp = self.dir.path().join("offset.tmp");
+        std::fs::write(&tmp, text).expect("cannot write the fake clock's offset");
+        std::fs::rename(&tmp, self.file()).expect("cannot move the fake clock's offset in place");
+    }
+}
+
 fn valkey_cache_path() -> PathBuf {
     workspace_root().join(".cache/valkey/valkey-server")
 }

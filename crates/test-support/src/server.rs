@@ -28,6 +28,8 @@ pub struct ServerOptions {
     pub password: Option<String>,
     /// `--enable-debug-command yes` (the default) so tests can use `DEBUG`.
     pub enable_debug: bool,
+    /// Environment variables of the server process, e.g. `LD_PRELOAD` (see [`FakeClock`]).
+    pub env: Vec<(String, String)>,
     /// Start the server in a process group of its own (default: the caller's), so that a
     /// terminal's Ctrl-C reaches only the program that started it, which can then stop its
     /// other processes before the server (the benchmark does this).
@@ -42,6 +44,7 @@ impl Default for ServerOptions {
             password: None,
             enable_debug: true,
             own_process_group: false,
+            env: Vec::new(),
         }
     }
 }
@@ -317,6 +320,7 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(stdio.try_clone().unwrap())
             .stderr(stdio);
+        cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         if self.opts.own_process_group {
             use std::os::unix::process::CommandExt;
             cmd.process_group(0);
