@@ -165,3 +165,16 @@ def test_the_command_gets_sigterm_when_redsem_is_killed(server, name, tmp_path):
         sem = c.semaphore(name, limit=1, lease=1.0)
         with sem.acquire(timeout=30):  # the permit frees within its lease
             pass
+
+
+def test_run_refuses_an_evicting_policy_unless_allowed(own_server, name):
+    import redis
+    redis.Redis(port=own_server.port).config_set("maxmemory-policy", "allkeys-lru")
+    r = cli(own_server, "run", name, "--limit", "1", "--", "true")
+    assert r.returncode == 125, r.stderr
+    assert "maxmemory-policy is allkeys-lru" in r.stderr, r.stderr
+    r = cli(own_server, "run", name, "--limit", "1", "--allow-evicting-policy", "--", "true")
+    assert r.returncode == 0, r.stderr
+    r = cli(own_server, "run", name, "--limit", "1", "--", "true",
+            env=env_for(own_server, REDSEM_ALLOW_EVICTING_POLICY="1"))
+    assert r.returncode == 0, r.stderr

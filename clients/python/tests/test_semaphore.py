@@ -412,3 +412,26 @@ def test_a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant(server, name
         assert nxt.fences[0].generation > old.generation
         await nxt.release()
     with_sem(server, name, body, limit=1, lease=3.0, renew_every=0.15)
+
+
+def test_an_evicting_maxmemory_policy_is_refused_unless_allowed(own_server, name):
+    r = redis.Redis(port=own_server.port)
+    r.config_set("maxmemory-policy", "allkeys-lru")
+
+    async def main():
+        async with redsem.Client.from_url(own_server.url) as c:
+            with pytest.raises(redsem.EvictingPolicy) as err:
+                await c.semaphore(name, limit=1)
+            assert err.value.policy == "allkeys-lru" and "noeviction" in str(err.value)
+            assert r.exists(f"redsem:{{{name}}}:cfg") == 0  # nothing created
+            sem = await c.semaphore(name, limit=1, allow_evicting_policy=True)
+            async with sem.acquire():
+                pass
+            # volatile-*: refused only while one of its keys carries a TTL
+            r.config_set("maxmemory-policy", "volatile-lru")
+            await c.semaphore(name, limit=1)
+            r.pexpire(f"redsem:{{{name}}}:cfg", 60_000)
+            with pytest.raises(redsem.EvictingPolicy) as err:
+                await c.semaphore(name, limit=1)
+            assert f"redsem:{{{name}}}:cfg" in str(err.value)
+    run(main())

@@ -165,6 +165,10 @@ def _run_parser() -> _Parser:
     p.add_argument("--limit", "-j", type=int, required=True, metavar="L",
                    help="most permits held at once (creates the semaphore; an existing one keeps its limit)")
     p.add_argument("--permits", type=int, default=1, metavar="K", help="permits this command needs at once")
+    p.add_argument("--allow-evicting-policy", action="store_true",
+                   default=os.environ.get("REDSEM_ALLOW_EVICTING_POLICY", "") not in ("", "0", "false", "no"),
+                   help="run even when Redis's maxmemory-policy can evict the semaphore's keys "
+                        "(default: refuse, exit 125; env REDSEM_ALLOW_EVICTING_POLICY)")
     p.add_argument("--lease", type=parse_duration, default=10.0, help="lease of the permits (default 10s)")
     p.add_argument("--timeout", type=parse_duration, default=None,
                    help="give up waiting after this long (exit 124); 0: only if free right now")
@@ -438,7 +442,8 @@ async def _open_adopting(client: Client, a: argparse.Namespace) -> Any:
     limit = a.limit
     for attempt in range(4):
         try:
-            return await client.semaphore(a.name, limit=limit, lease=a.lease)
+            return await client.semaphore(a.name, limit=limit, lease=a.lease,
+                                          allow_evicting_policy=a.allow_evicting_policy)
         except LimitConflict as e:
             if attempt == 3:
                 raise

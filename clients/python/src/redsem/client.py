@@ -75,22 +75,30 @@ class Client:
     # -- semaphores ---------------------------------------------------------------------------
 
     async def semaphore(self, name: str, *, limit: int, lease: float = 10.0, renew_every: Optional[float] = None,
-                        fallback_poll: float = 1.0, label: Optional[str] = None) -> Semaphore:
+                        fallback_poll: float = 1.0, label: Optional[str] = None,
+                        allow_evicting_policy: bool = False) -> Semaphore:
         """Opens the semaphore `name`, creating it with `limit` permits if it does not exist.
 
         `lease` (seconds, default 10): a crashed holder's slot is free again at most one
         lease after its last renewal. `renew_every` (default and at most lease/3) is the
         renewal interval; `fallback_poll` (default 1 s) the longest a waiter relies on
-        notifications alone. Costs two round trips (SUBSCRIBE, one script).
+        notifications alone. Costs three round trips (`INFO memory`, SUBSCRIBE, one script).
+
+        Opening is refused with `EvictingPolicy` when Redis's `maxmemory-policy` can evict the
+        semaphore's keys (`allkeys-*`, or `volatile-*` while one of its keys has a TTL), unless
+        `allow_evicting_policy`: an evicted key never lets more than the limit in (the scripts
+        repair from what survives), but a holder whose record was evicted learns it only at its
+        next renewal.
 
         Raises `LimitConflict` if it exists with another limit (`.stored` says which),
-        `InvalidArgument` for bad arguments, `WrongType`, `ProtocolMismatch`, `Unreachable`.
+        `InvalidArgument` for bad arguments, `EvictingPolicy`, `WrongType`, `ProtocolMismatch`,
+        `Unreachable`.
         """
         if self._closed:
             raise RedsemError("the client is closed")
         sem = Semaphore(self, name, limit=limit, lease=lease, renew_every=renew_every,
                         fallback_poll=fallback_poll, label=label if label is not None else self.label)
-        await sem._open()
+        await sem._open(allow_evicting_policy)
         self._semaphores.append(sem)
         return sem
 

@@ -119,6 +119,19 @@ class Corrupt(RedsemError):
         self.name, self.detail = name, detail
 
 
+class EvictingPolicy(RedsemError):
+    """Redis's `maxmemory-policy` may evict the semaphore's keys (`allkeys-*`, or `volatile-*`
+    while one of its keys carries a TTL). Use `noeviction`, or open with
+    `allow_evicting_policy=True` to accept the risk (as the Rust crate's
+    `SemaphoreBuilder::allow_evicting_policy`)."""
+
+    def __init__(self, name: str, policy: str, detail: str):
+        super().__init__(
+            f"semaphore {name!r}: Redis's maxmemory-policy is {policy} and {detail}: set "
+            "maxmemory-policy to noeviction, or open with allow_evicting_policy=True to accept the risk")
+        self.name, self.policy, self.detail = name, policy, detail
+
+
 class NoPermission(RedsemError):
     """The Redis user may not run a command or touch a key or channel redsem needs."""
 

@@ -28,6 +28,7 @@ from .errors import (
     NOT_HOLDER,
     UNREACHABLE,
     Closed,
+    EvictingPolicy,
     InvalidArgument,
     LimitConflict,
     NoPermits,
@@ -119,8 +120,23 @@ class Semaphore:
 
     # -- opening and closing ------------------------------------------------------------------
 
-    async def _open(self) -> None:
-        """Subscribe (confirmed), then `open.lua`; start the listener and the heartbeat."""
+    async def _maxmemory_policy(self) -> Optional[str]:
+        """The server's `maxmemory-policy`, from `INFO memory` (allowed where `CONFIG GET` is
+        not); `None` when it does not say."""
+        try:
+            info = await self._client.redis.info("memory")
+        except Exception as e:
+            from .errors import from_redis
+            raise from_redis(e, self.name) from e
+        policy = info.get("maxmemory_policy")
+        return policy.decode() if isinstance(policy, bytes) else policy
+
+    async def _open(self, allow_evicting_policy: bool = False) -> None:
+        """Check the eviction policy, subscribe (confirmed), then `open.lua`; start the listener
+        and the heartbeat."""
+        policy = None if allow_evicting_policy else await self._maxmemory_policy()
+        if policy and policy.startswith("allkeys-"):
+            raise EvictingPolicy(self.name, policy, "it evicts any key under memory pressure")
         self._pubsub = self._client.redis.pubsub()
         try:
             try:
@@ -137,7 +153,15 @@ class Semaphore:
                     raise
                 from .errors import from_redis
                 raise from_redis(e, self.name) from e
-            stored, _created = _protocol.parse_open(await self._call("open", []))
+            opened = await self._call("open", [])
+            stored, _created = _protocol.parse_open(opened)
+            with_ttl = opened[2] if len(opened) > 2 else b""
+            with_ttl = with_ttl.decode() if isinstance(with_ttl, bytes) else str(with_ttl)
+            if policy and policy.startswith("volatile-") and with_ttl:
+                raise EvictingPolicy(
+                    self.name, policy,
+                    f"the key {with_ttl} carries a TTL, which makes it evictable "
+                    "(redsem never sets one: remove it with PERSIST)")
             if stored != self.limit:
                 raise LimitConflict(self.name, self.limit, stored)
         except BaseException:
