@@ -385,7 +385,10 @@ impl Logs {
         for f in &self.faults {
             match f.kind {
                 FaultKind::DebugSleep => out.push((f.t0, f.t1 + 100_000)),
-                FaultKind::RestartDataLoss => out.push((f.t0, f.t1 + 2_500_000)),
+                // a restart (a failover too: from its save to the reconnection after it)
+                FaultKind::RestartDataLoss | FaultKind::FailoverLagging => {
+                    out.push((f.t0, f.t1 + 2_500_000))
+                }
                 _ => {}
             }
         }
