@@ -94,8 +94,8 @@ impl Semaphore {
     /// [`Error::NotReplicated`] when too few replicas acknowledged the grant in time (the
     /// permit was released), and [`Error::LeaseLost`] when the grant was gone by the time it
     /// was confirmed.
-    pub async fn acquire(&self) -> Result<Permit, Error> {
-        self.acquire_with(AcquireOptions::new()).await
+    pub fn acquire(&self) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
+        self.acquire_with(AcquireOptions::new())
     }
 
     /// Waits for `n` permits at once, in FIFO order (see [Fairness](Self#fairness)).
@@ -108,8 +108,8 @@ impl Semaphore {
     /// the limit stored in Redis (checked by the script before queueing, so a limit raised
     /// by another process counts at once; and again if the limit shrinks below `n` while
     /// waiting); otherwise as [`acquire`](Self::acquire).
-    pub async fn acquire_many(&self, n: u32) -> Result<Permit, Error> {
-        self.acquire_with(AcquireOptions::new().permits(n)).await
+    pub fn acquire_many(&self, n: u32) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
+        self.acquire_with(AcquireOptions::new().permits(n))
     }
 
     /// [`acquire`](Self::acquire) that gives up after `timeout`.
@@ -124,9 +124,11 @@ impl Semaphore {
     /// given up); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`](crate::MAX_DURATION) (use
     /// [`acquire`](Self::acquire) to wait without a limit); otherwise as
     /// [`acquire`](Self::acquire).
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit, Error> {
+    pub fn acquire_timeout(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
         self.acquire_with(AcquireOptions::new().timeout(timeout))
-            .await
     }
 
     /// [`acquire_many`](Self::acquire_many) that gives up after `timeout`.
@@ -136,9 +138,12 @@ impl Semaphore {
     ///
     /// # Errors
     /// As [`acquire_timeout`](Self::acquire_timeout) and [`acquire_many`](Self::acquire_many).
-    pub async fn acquire_many_timeout(&self, n: u32, timeout: Duration) -> Result<Permit, Error> {
+    pub fn acquire_many_timeout(
+        &self,
+        n: u32,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
         self.acquire_with(AcquireOptions::new().permits(n).timeout(timeout))
-            .await
     }
 
     /// Takes one permit only if one is free now and nobody is queued (FIFO: a free permit
@@ -151,9 +156,8 @@ impl Semaphore {
     /// # Errors
     /// [`Error::NoPermits`] when it would have to wait; otherwise as
     /// [`acquire`](Self::acquire).
-    pub async fn try_acquire(&self) -> Result<Permit, Error> {
+    pub fn try_acquire(&self) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
         self.acquire_with(AcquireOptions::new().try_only(true))
-            .await
     }
 
     /// Takes `n` permits only if they are free now and nobody is queued.
@@ -163,9 +167,11 @@ impl Semaphore {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire) and [`acquire_many`](Self::acquire_many).
-    pub async fn try_acquire_many(&self, n: u32) -> Result<Permit, Error> {
+    pub fn try_acquire_many(
+        &self,
+        n: u32,
+    ) -> impl Future<Output = Result<Permit, Error>> + Send + '_ {
         self.acquire_with(AcquireOptions::new().permits(n).try_only(true))
-            .await
     }
 
     /// The general form of every `acquire` method: the permits, lease, label, timeout and
