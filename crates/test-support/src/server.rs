@@ -28,7 +28,7 @@ pub struct ServerOptions {
     pub password: Option<String>,
     /// `--enable-debug-command yes` (the default) so tests can use `DEBUG`.
     pub enable_debug: bool,
-    /// Environment variables of the server process, e.g. `LD_PRELOAD` (see [`FakeClock`]).
+    /// Environment variables of the server process, e.g. `LD_PRELOAD` (see [`FakeClock`](crate::FakeClock)).
     pub env: Vec<(String, String)>,
     /// Start the server in a process group of its own (default: the caller's), so that a
     /// terminal's Ctrl-C reaches only the program that started it, which can then stop its
