@@ -26,8 +26,8 @@ step "install-deps"
 bash scripts/install-deps.sh
 
 run fmt cargo fmt --all -- --check
-# --all-features: redsem's optional `tower` and `metrics` code (and every example that needs
-# it) is linted, built and tested too.
+# --all-features: redsem's optional `tower`, `metrics` and `blocking` code (and every example
+# and test that needs it) is linted, built and tested too.
 run clippy cargo clippy --workspace --all-targets --all-features -- -D warnings
 run docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 

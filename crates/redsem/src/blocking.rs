@@ -26,12 +26,21 @@
 //! }
 //! ```
 //!
+//! # Costs
+//! Per [`Client`] (and its clones): one OS thread running a Tokio runtime, besides what a
+//! [`redsem::Client`](crate::Client) costs. Each blocking call hands its future to that
+//! runtime and parks the calling thread until it completes; several threads may wait at
+//! once. Dropping the last handle on a runtime — the last clone of the [`Client`], of a
+//! [`Semaphore`] or of a [`Permit`] opened from it — performs the releases still queued (one
+//! round trip; at most [`DROP_FLUSH_LIMIT`] if Redis does not answer, after which they expire
+//! with their leases), then stops the thread.
+//!
 //! # Panics
 //! Every blocking call panics when made from inside an async runtime (as `reqwest::blocking`
-//! does), and so does dropping the last clone of a blocking [`Client`] (with the semaphores
-//! and permits opened from it, which keep its runtime alive) there: use the async API in
-//! async code. Creating the [`Client`] panics if the operating system
-//! refuses to start its thread.
+//! does), and so does dropping the last handle on a blocking client's runtime there (the
+//! last clone of the [`Client`], or of a [`Semaphore`] or [`Permit`] opened from it, which
+//! keep its runtime alive): use the async API in async code. Creating the [`Client`] panics
+//! if the operating system refuses to start its thread.
 //!
 //! # Cancellation
 //! A blocking call cannot be cancelled; bound acquisitions with the `_timeout` methods or
@@ -40,6 +49,7 @@
 //! [`Permit::is_lost`] (cheap, no I/O) between steps, or watch
 //! [`Permit::cancellation_token`].
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,14 +61,54 @@ use crate::options::AcquireOptions;
 use crate::permit::Fence;
 use crate::stats::Stats;
 
-/// The runtime shared by a blocking client and everything opened from it.
-type Rt = Arc<Runtime>;
+/// How long dropping the last handle on a blocking client's runtime waits for the releases
+/// still queued (those of dropped permits and abandoned acquires) before stopping the
+/// runtime. With Redis answering, the wait is one round trip; the entries of releases not
+/// done in time expire with their leases.
+pub const DROP_FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
+/// The async client and the runtime it runs on, shared by a blocking client and everything
+/// opened from it.
+type Rt = Arc<Shared>;
+
+#[derive(Debug)]
+struct Shared {
+    /// Dropped before the runtime (field order).
+    client: crate::Client,
+    rt: Runtime,
+}
+
+impl Shared {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle is gone: perform the queued releases before the runtime (and the
+    /// releaser task on it) stops, or a permit that outlived its client would hold its slot
+    /// until its lease expired. Inside an async runtime blocking is not allowed: the runtime's
+    /// own drop panics there, as documented, and this skips the wait rather than panic twice.
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let client = &self.client;
+        let _ = self.rt.block_on(async {
+            tokio::time::timeout(DROP_FLUSH_LIMIT, client.flush_releases()).await
+        });
+    }
+}
 
 /// A blocking [`redsem::Client`](crate::Client): the same connections and background tasks,
-/// on a runtime of its own. Cloning is cheap and shares both.
+/// on a runtime thread of its own. Cloning is cheap and shares both; the clones may be used
+/// from several threads at once.
+///
+/// # Panics
+/// Its blocking methods panic when called from inside an async runtime, and so does dropping
+/// the last handle on its runtime there (see [the module docs](self#panics)).
 #[derive(Clone, Debug)]
 pub struct Client {
-    inner: crate::Client,
     rt: Rt,
 }
 
@@ -68,15 +118,30 @@ impl Client {
     ///
     /// # Errors
     /// As [`redsem::Client::connect`](crate::Client::connect).
+    ///
+    /// # Panics
+    /// Inside an async runtime, or if the operating system refuses to start the thread.
     pub fn connect(url: &str) -> Result<Client, Error> {
-        Client::from_builder(crate::Client::builder(url))
+        Client::builder(url).build()
     }
 
-    /// Connects with the settings of an async [`ClientBuilder`](crate::ClientBuilder)
-    /// (key prefix, timeouts, TLS, synced mode): `Client::from_builder(redsem::Client::builder(url).prefix("app"))`.
+    /// Starts a builder for finer control (key prefix, timeouts, TLS, synced mode); nothing
+    /// is started until [`ClientBuilder::build`].
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            inner: crate::Client::builder(url),
+        }
+    }
+
+    /// Connects with the settings of an async [`redsem::ClientBuilder`](crate::ClientBuilder):
+    /// `Client::from_builder(redsem::Client::builder(url).prefix("app"))`. Starts the
+    /// client's runtime thread.
     ///
     /// # Errors
-    /// As [`ClientBuilder::build`](crate::ClientBuilder::build).
+    /// As [`redsem::ClientBuilder::build`](crate::ClientBuilder::build).
+    ///
+    /// # Panics
+    /// Inside an async runtime, or if the operating system refuses to start the thread.
     pub fn from_builder(builder: crate::ClientBuilder) -> Result<Client, Error> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -84,14 +149,34 @@ impl Client {
             .enable_all()
             .build()
             .expect("the redsem-blocking runtime thread could not be started");
-        let rt = Arc::new(rt);
-        let inner = rt.block_on(builder.build())?;
-        Ok(Client { inner, rt })
+        let client = rt.block_on(builder.build())?;
+        Ok(Client {
+            rt: Arc::new(Shared { client, rt }),
+        })
     }
 
-    /// The async client inside, for code that mixes both.
+    /// The async client inside, for code that mixes both. Its futures must run on a runtime
+    /// of the caller's; the background tasks stay on this client's thread.
     pub fn as_async(&self) -> &crate::Client {
-        &self.inner
+        &self.rt.client
+    }
+
+    /// The key prefix of this client's semaphores. No I/O.
+    pub fn prefix(&self) -> &str {
+        self.rt.client.prefix()
+    }
+
+    /// This client's unique id; see [`redsem::Client::id`](crate::Client::id). No I/O.
+    pub fn id(&self) -> &str {
+        self.rt.client.id()
+    }
+
+    /// [`redsem::Client::ping`](crate::Client::ping), blocking: one round trip.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn ping(&self) -> Result<(), Error> {
+        self.rt.block_on(self.rt.client.ping())
     }
 
     /// Starts opening the semaphore `name` with `limit` permits shared by every replica
@@ -99,7 +184,7 @@ impl Client {
     /// [`SemaphoreBuilder::open`].
     pub fn semaphore(&self, name: impl Into<String>, limit: u32) -> SemaphoreBuilder {
         SemaphoreBuilder {
-            inner: self.inner.semaphore(name, limit),
+            inner: self.rt.client.semaphore(name, limit),
             rt: self.rt.clone(),
         }
     }
@@ -109,7 +194,7 @@ impl Client {
     /// # Errors
     /// As the async method.
     pub fn list_semaphores(&self) -> Result<Vec<String>, Error> {
-        self.rt.block_on(self.inner.list_semaphores())
+        self.rt.block_on(self.rt.client.list_semaphores())
     }
 
     /// [`redsem::Client::inspect`](crate::Client::inspect), blocking.
@@ -117,7 +202,26 @@ impl Client {
     /// # Errors
     /// As the async method.
     pub fn inspect(&self, name: &str) -> Result<Stats, Error> {
-        self.rt.block_on(self.inner.inspect(name))
+        self.rt.block_on(self.rt.client.inspect(name))
+    }
+
+    /// [`redsem::Client::resize_existing`](crate::Client::resize_existing), blocking.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn resize_existing(&self, name: &str, new_limit: u32) -> Result<u32, Error> {
+        self.rt
+            .block_on(self.rt.client.resize_existing(name, new_limit))
+    }
+
+    /// [`redsem::Client::force_release_existing`](crate::Client::force_release_existing),
+    /// blocking.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn force_release_existing(&self, name: &str, holder_id: &str) -> Result<bool, Error> {
+        self.rt
+            .block_on(self.rt.client.force_release_existing(name, holder_id))
     }
 
     /// [`redsem::Client::delete_semaphore`](crate::Client::delete_semaphore), blocking.
@@ -125,13 +229,105 @@ impl Client {
     /// # Errors
     /// As the async method.
     pub fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
-        self.rt.block_on(self.inner.delete_semaphore(name, force))
+        self.rt
+            .block_on(self.rt.client.delete_semaphore(name, force))
+    }
+
+    /// [`redsem::Client::flush_releases`](crate::Client::flush_releases), blocking: waits
+    /// until the releases of dropped permits and abandoned acquires are done. Unbounded if
+    /// Redis keeps failing (each release is retried a few times).
+    pub fn flush_releases(&self) {
+        self.rt.block_on(self.rt.client.flush_releases());
     }
 
     /// [`redsem::Client::shutdown`](crate::Client::shutdown), blocking: every release done,
-    /// background tasks stopped. Call it before the process exits.
+    /// background tasks stopped. Call it before the process exits; the runtime thread itself
+    /// stops when the last handle on it is dropped.
     pub fn shutdown(&self) {
-        self.rt.block_on(self.inner.shutdown());
+        self.rt.block_on(self.rt.client.shutdown());
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called. No I/O.
+    pub fn is_shut_down(&self) -> bool {
+        self.rt.client.is_shut_down()
+    }
+}
+
+/// Configures and connects a blocking [`Client`]; the settings of
+/// [`redsem::ClientBuilder`](crate::ClientBuilder), whose docs give the defaults.
+#[derive(Clone, Debug)]
+#[must_use = "a ClientBuilder does nothing until .build()"]
+pub struct ClientBuilder {
+    inner: crate::ClientBuilder,
+}
+
+impl ClientBuilder {
+    /// See [`redsem::ClientBuilder::prefix`](crate::ClientBuilder::prefix).
+    pub fn prefix(self, prefix: impl Into<String>) -> Self {
+        self.map(|b| b.prefix(prefix))
+    }
+
+    /// See [`redsem::ClientBuilder::connect_timeout`](crate::ClientBuilder::connect_timeout).
+    pub fn connect_timeout(self, d: Duration) -> Self {
+        self.map(|b| b.connect_timeout(d))
+    }
+
+    /// See [`redsem::ClientBuilder::response_timeout`](crate::ClientBuilder::response_timeout).
+    pub fn response_timeout(self, d: Duration) -> Self {
+        self.map(|b| b.response_timeout(d))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_ca`](crate::ClientBuilder::tls_ca).
+    pub fn tls_ca(self, path: impl Into<PathBuf>) -> Self {
+        self.map(|b| b.tls_ca(path))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_cert`](crate::ClientBuilder::tls_cert).
+    pub fn tls_cert(self, path: impl Into<PathBuf>) -> Self {
+        self.map(|b| b.tls_cert(path))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_key`](crate::ClientBuilder::tls_key).
+    pub fn tls_key(self, path: impl Into<PathBuf>) -> Self {
+        self.map(|b| b.tls_key(path))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_ca_pem`](crate::ClientBuilder::tls_ca_pem).
+    pub fn tls_ca_pem(self, pem: impl Into<Vec<u8>>) -> Self {
+        self.map(|b| b.tls_ca_pem(pem))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_cert_pem`](crate::ClientBuilder::tls_cert_pem).
+    pub fn tls_cert_pem(self, pem: impl Into<Vec<u8>>) -> Self {
+        self.map(|b| b.tls_cert_pem(pem))
+    }
+
+    /// See [`redsem::ClientBuilder::tls_key_pem`](crate::ClientBuilder::tls_key_pem).
+    pub fn tls_key_pem(self, pem: impl Into<Vec<u8>>) -> Self {
+        self.map(|b| b.tls_key_pem(pem))
+    }
+
+    /// See [`redsem::ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas).
+    pub fn synced_replicas(self, replicas: u32, timeout: Duration) -> Self {
+        self.map(|b| b.synced_replicas(replicas, timeout))
+    }
+
+    fn map(self, f: impl FnOnce(crate::ClientBuilder) -> crate::ClientBuilder) -> Self {
+        ClientBuilder {
+            inner: f(self.inner),
+        }
+    }
+
+    /// Starts the client's runtime thread, connects and starts the background tasks on it;
+    /// see [`redsem::ClientBuilder::build`](crate::ClientBuilder::build).
+    ///
+    /// # Errors
+    /// As the async method.
+    ///
+    /// # Panics
+    /// Inside an async runtime, or if the operating system refuses to start the thread.
+    pub fn build(self) -> Result<Client, Error> {
+        Client::from_builder(self.inner)
     }
 }
 
@@ -193,7 +389,12 @@ impl SemaphoreBuilder {
 }
 
 /// A blocking [`redsem::Semaphore`](crate::Semaphore). Cloning is cheap; clones share one
-/// handle, and may be used from several threads at once.
+/// handle, and may be used from several threads at once. It keeps its client's runtime
+/// thread alive.
+///
+/// # Panics
+/// Its blocking methods panic when called from inside an async runtime (see
+/// [the module docs](self#panics)).
 #[derive(Clone, Debug)]
 pub struct Semaphore {
     inner: crate::Semaphore,
@@ -297,8 +498,11 @@ impl Semaphore {
 
     /// Acquires one permit, runs `work` on this thread while holding it, and releases it.
     /// Returns `work`'s value, or [`Error::LeaseLost`] if the permit was lost by the time
-    /// `work` returned: a blocking closure cannot be cancelled, so long work should check
-    /// [`Permit::is_lost`] itself (use [`acquire`](Self::acquire) and the permit for that).
+    /// `work` returned (the value is then dropped). Unlike the async
+    /// [`redsem::Semaphore::run`](crate::Semaphore::run), a blocking closure cannot be
+    /// cancelled: long work should check [`Permit::is_lost`] between its steps, or watch
+    /// [`Permit::cancellation_token`] (use [`acquire`](Self::acquire) and
+    /// [`Permit::run`] for that). Waits without a time limit, as `acquire`.
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire), and [`Error::LeaseLost`].
@@ -348,10 +552,26 @@ impl Semaphore {
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
     }
+
+    /// `(holders, waiters)` entries this process has through this handle and its clones; no
+    /// I/O. See [`redsem::Semaphore::local_counts`](crate::Semaphore::local_counts).
+    pub fn local_counts(&self) -> (usize, usize) {
+        self.inner.local_counts()
+    }
 }
 
-/// A blocking [`redsem::Permit`](crate::Permit): renewed in the background while it lives,
-/// released when dropped (in the background; [`release`](Self::release) waits for it).
+/// A blocking [`redsem::Permit`](crate::Permit): renewed in the background (on its
+/// client's runtime thread, which it keeps alive) while it lives, released when dropped.
+///
+/// Dropping it does no I/O on the calling thread: the release is handed to the runtime
+/// thread, and [`release`](Self::release) waits for it instead. When the permit is the last
+/// handle on that runtime (its [`Client`] and [`Semaphore`] already dropped), dropping it
+/// waits for the release, at most [`DROP_FLUSH_LIMIT`], before the thread stops.
+///
+/// # Panics
+/// [`release`](Self::release) and [`set_lease`](Self::set_lease) panic when called from
+/// inside an async runtime, and so does dropping the permit there when it is the last handle
+/// on its runtime (see [the module docs](self#panics)).
 #[derive(Debug)]
 #[must_use = "dropping a Permit releases it at once"]
 pub struct Permit {
@@ -364,6 +584,17 @@ impl Permit {
     /// The async permit inside.
     pub fn as_async(&self) -> &crate::Permit {
         &self.inner
+    }
+
+    /// The name of the semaphore this permit belongs to.
+    pub fn semaphore(&self) -> &str {
+        self.inner.semaphore()
+    }
+
+    /// Why the lease is lost, `None` while it is not; cheap, no I/O. See
+    /// [`redsem::Permit::lost_reason`](crate::Permit::lost_reason).
+    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        self.inner.lost_reason()
     }
 
     /// The holder id in Redis.
@@ -422,10 +653,11 @@ impl Permit {
         rt.block_on(self.inner.set_lease(lease))
     }
 
-    /// Runs `work` on this thread while holding the permit, then releases it. Returns
-    /// `work`'s value, or [`Error::LeaseLost`] when the permit was lost by the time `work`
-    /// returned (the work itself is not interrupted: check [`is_lost`](Self::is_lost)
-    /// between its steps).
+    /// Runs `work` on this thread while holding the permit, then releases it (in the
+    /// background, as drop). Returns `work`'s value, or [`Error::LeaseLost`] when the permit
+    /// was lost by the time `work` returned (the value is then dropped). The work itself
+    /// cannot be cancelled: check [`is_lost`](Self::is_lost) between its steps, or watch
+    /// [`cancellation_token`](Self::cancellation_token), taken before this call.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] as above.

@@ -11,6 +11,15 @@ use redsem::blocking::Client;
 use redsem::{Error, LostReason};
 
 fn connect(server: &Server) -> Client {
+    Client::builder(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// The same settings, through an async builder.
+fn connect_from_async_builder(server: &Server) -> Client {
     Client::from_builder(
         redsem::Client::builder(server.url())
             .connect_timeout(Duration::from_secs(2))
@@ -34,7 +43,7 @@ fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
 #[test]
 fn a_permit_is_exclusive_across_two_blocking_clients() {
     let server = Server::start(Flavor::Redis);
-    let (a, b) = (connect(&server), connect(&server));
+    let (a, b) = (connect(&server), connect_from_async_builder(&server));
     let sa = a
         .semaphore("blk-excl", 1)
         .lease(Duration::from_secs(3))
@@ -150,4 +159,56 @@ fn a_blocking_call_inside_an_async_runtime_panics() {
         .build()
         .unwrap();
     rt.block_on(async { sem.try_acquire().map(drop) }).unwrap();
+}
+
+#[test]
+fn dropping_a_permit_releases_it_for_another_client() {
+    let server = Server::start(Flavor::Redis);
+    let (a, b) = (connect(&server), connect(&server));
+    // A lease far longer than the wait below: the slot must come back by release, not expiry.
+    let lease = Duration::from_secs(60);
+    let sa = a.semaphore("blk-drop", 1).lease(lease).open().unwrap();
+    let sb = b.semaphore("blk-drop", 1).lease(lease).open().unwrap();
+    let held = sa.acquire().unwrap();
+    assert_eq!(held.semaphore(), "blk-drop");
+    assert_eq!(sa.local_counts(), (1, 0));
+    drop(held);
+    let next = sb.acquire_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(next.slots(), [0]);
+    assert_eq!(sa.local_counts(), (0, 0));
+}
+
+#[test]
+fn a_permit_outliving_its_client_is_released_when_dropped() {
+    let server = Server::start(Flavor::Redis);
+    let (a, b) = (connect(&server), connect(&server));
+    let lease = Duration::from_secs(60);
+    let sb = b.semaphore("blk-orphan", 1).lease(lease).open().unwrap();
+    let permit = {
+        let sa = a.semaphore("blk-orphan", 1).lease(lease).open().unwrap();
+        sa.acquire().unwrap()
+    };
+    drop(a);
+    // The last handle on a's runtime: its release must be done before the runtime stops.
+    drop(permit);
+    let next = sb.acquire_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(next.slots(), [0]);
+}
+
+#[test]
+fn dropping_the_last_handle_without_shutdown_leaves_nothing_in_redis() {
+    let server = Server::start(Flavor::Redis);
+    let client = connect(&server);
+    let sem = client
+        .semaphore("blk-exit", 2)
+        .lease(Duration::from_secs(60))
+        .open()
+        .unwrap();
+    let permit = sem.acquire_many(2).unwrap();
+    assert_eq!(entries(&server, "blk-exit")[0], 2);
+    drop(permit);
+    drop(sem);
+    drop(client);
+    // No waiting here: the drop returned only once the release was done.
+    assert_eq!(entries(&server, "blk-exit"), [0, 0, 0, 0]);
 }
