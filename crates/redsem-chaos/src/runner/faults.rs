@@ -300,21 +300,7 @@ async fn inject(
             let sh = shared.clone();
             let (t0, dead, ready) = tokio::task::spawn_blocking(move || {
                 let mut srv = server.lock().unwrap();
-                let t0 = {
-                    let mut r = sh.restarts.lock().unwrap();
-                    let t0 = now_us();
-                    r.push((t0, i64::MAX));
-                    t0
-                };
-                srv.kill();
-                let dead = {
-                    let mut r = sh.restarts.lock().unwrap();
-                    let dead = now_us();
-                    if let Some(last) = r.last_mut() {
-                        last.1 = dead;
-                    }
-                    dead
-                };
+                let (t0, dead) = kill_recorded(&sh, &mut srv);
                 srv.restart();
                 (t0, dead, now_us())
             })
@@ -379,21 +365,7 @@ async fn inject(
                     return Err(format!("save-failed:{e}").replace(' ', "_"));
                 }
                 std::thread::sleep(d);
-                let t0 = {
-                    let mut r = sh.restarts.lock().unwrap();
-                    let t0 = now_us();
-                    r.push((t0, i64::MAX));
-                    t0
-                };
-                srv.kill();
-                let dead = {
-                    let mut r = sh.restarts.lock().unwrap();
-                    let dead = now_us();
-                    if let Some(last) = r.last_mut() {
-                        last.1 = dead;
-                    }
-                    dead
-                };
+                let (t0, dead) = kill_recorded(&sh, &mut srv);
                 // comes back from the save (the server loads dump.rdb from its dir); the
                 // file is removed once loaded, so a later restart loses everything again
                 srv.restart();
@@ -419,6 +391,19 @@ async fn inject(
             }
         }
     }
+}
+
+/// Kills Redis, recording the restart's start and death in `shared.restarts` (what the
+/// runner uses to tell Redis incarnations apart); returns both times.
+fn kill_recorded(shared: &Shared, srv: &mut Server) -> (i64, i64) {
+    let t0 = now_us();
+    shared.restarts.lock().unwrap().push((t0, i64::MAX));
+    srv.kill();
+    let dead = now_us();
+    if let Some(last) = shared.restarts.lock().unwrap().last_mut() {
+        last.1 = dead;
+    }
+    (t0, dead)
 }
 
 /// An operator's `force_release` of `holder`: `true` (removed), `false` (already gone) or
