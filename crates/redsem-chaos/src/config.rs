@@ -201,7 +201,7 @@ impl Config {
     }
 
     /// The seven keys of semaphore `name` under the run's prefix, in the library's layout
-    /// and order: `[cfg, queue, exp, meta, slots, free, fence]`.
+    /// and order: `[cfg, queue, exp, meta, slots, free, own]`.
     ///
     /// # Errors
     /// An invalid semaphore name.

@@ -29,8 +29,9 @@ use crate::now_us;
 const SNAPSHOT_LUA: &str = r#"
 local t = redis.call('TIME')
 local res = { tonumber(t[1]) * 1000000 + tonumber(t[2]) }
-for i = 1, #KEYS, 5 do
-  local cfg, queue, exp, meta, slots = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4]
+for i = 1, #KEYS, 6 do
+  local cfg, queue, exp, meta, slots, own =
+    KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4], KEYS[i + 5]
   local limit = tonumber(redis.call('HGET', cfg, 'limit') or '-1')
   local recs, seen = {}, {}
   local function rec(id)
@@ -42,8 +43,16 @@ for i = 1, #KEYS, 5 do
     end
     return r
   end
+  -- an entry's lease is its session's: '<channel id>~<lease ms>', listed in the index
+  local sess = {}
   local e = redis.call('ZRANGE', exp, 0, -1, 'WITHSCORES')
-  for j = 1, #e, 2 do rec(e[j]).e = tonumber(e[j + 1]) end
+  for j = 1, #e, 2 do sess[e[j]] = tonumber(e[j + 1]) end
+  for _, mem in ipairs(redis.call('ZRANGE', own, 0, -1)) do
+    local bar = string.find(mem, '|', 1, true)
+    if bar and string.sub(mem, bar + 1, bar + 1) ~= '!' then
+      rec(string.sub(mem, bar + 1)).e = sess[string.sub(mem, 1, bar - 1)] or -1
+    end
+  end
   local q = redis.call('ZRANGE', queue, 0, -1)
   for j = 1, #q do rec(q[j]).q = j end
   for _, id in ipairs(redis.call('HKEYS', meta)) do rec(id) end
@@ -53,6 +62,9 @@ for i = 1, #KEYS, 5 do
     local raw = redis.call('HGET', meta, r.id)
     if raw then
       local m = cjson.decode(raw)
+      -- the session the record names (the index may have lost it)
+      local sid = m.c .. '~' .. string.format('%d', m.s and m.l or m.w)
+      if sess[sid] then r.e = sess[sid] end
       n = m.n or -1
       a = m.a or -1
       tk = m.t or -1
@@ -92,12 +104,15 @@ pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken)
             return;
         }
     };
-    // the first five keys of each semaphore (`cfg`, `queue`, `exp`, `meta`, `slots`), in the
+    // six keys of each semaphore (`cfg`, `queue`, `exp`, `meta`, `slots`, `own`), in the
     // library's layout under the run's prefix
     let mut all_keys: Vec<String> = Vec::new();
     for s in &cfg.sems {
         match cfg.keys(&s.name) {
-            Ok(k) => all_keys.extend_from_slice(&k[..5]),
+            Ok(k) => {
+                all_keys.extend_from_slice(&k[..5]);
+                all_keys.push(k[6].clone());
+            }
             Err(e) => {
                 eprintln!("redsem-chaos: {e}");
                 return;

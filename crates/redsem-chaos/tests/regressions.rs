@@ -5,6 +5,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redsem_chaos::proxy::{Class, ClientProxy};
 use test_support::Server;
 
+/// The lease expiry (ms) in Redis of entry `id` of semaphore `name`: its session's, found
+/// through the session index.
+const LEASE_OF: &str = "for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do \
+  local bar = string.find(m, '|', 1, true) \
+  if bar and string.sub(m, bar + 1) == ARGV[1] then \
+    return redis.call('ZSCORE', KEYS[2], string.sub(m, 1, bar - 1)) end end return false";
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -74,7 +81,10 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
             .unwrap();
         let expiry_ms: i64 = server
             .cmd(&[
-                "ZSCORE",
+                "EVAL",
+                LEASE_OF,
+                "2",
+                &format!("redsem:{{{name}}}:own"),
                 &format!("redsem:{{{name}}}:exp"),
                 permit.holder_id(),
             ])
@@ -131,6 +141,7 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
             .unwrap();
         let url = server.url();
         let exp_key = format!("redsem:{{{name}}}:exp");
+        let own_key = format!("redsem:{{{name}}}:own");
         let waiting = tokio::spawn(async move {
             let permit = waiter_sem.acquire().await.unwrap();
             let returned_at = now_ms();
@@ -140,7 +151,10 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            let expiry: Option<f64> = redis::cmd("ZSCORE")
+            let expiry: Option<f64> = redis::cmd("EVAL")
+                .arg(LEASE_OF)
+                .arg(2)
+                .arg(&own_key)
                 .arg(&exp_key)
                 .arg(permit.holder_id())
                 .query_async(&mut direct)

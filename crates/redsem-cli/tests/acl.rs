@@ -10,7 +10,7 @@ use common::*;
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals +hgetall +info +pttl \
-+zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zscore +zpopmin \
++zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zremrangebylex +zscore +zpopmin \
 +publish +spublish +scan +cluster|slots +role +wait";
 
 fn without(cmd: &str) -> String {

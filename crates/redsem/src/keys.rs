@@ -6,13 +6,13 @@
 //!
 //! | suffix | type | content |
 //! |---|---|---|
-//! | `cfg` | hash | `limit`, `ver`, `seq` (ticket counter), `grants`, `expired` |
+//! | `cfg` | hash | `limit`, `ver`, `seq` (ticket counter), `gen` (last fence generation), `grants`, `expired`, `repairs` |
 //! | `queue` | sorted set | waiting tickets, scored by ticket number (FIFO order) |
-//! | `exp` | sorted set | leases of holders and waiters, scored by expiry (ms, Redis `TIME`) |
+//! | `exp` | sorted set | session leases (one per client handle and lease length), scored by expiry (ms, Redis `TIME`) |
 //! | `meta` | hash | id → JSON record of the holder or waiter |
 //! | `slots` | hash | slot number → id of its holder |
 //! | `free` | sorted set | free slot numbers below the limit |
-//! | `fence` | hash | slot number → generation (the fencing token) |
+//! | `own` | sorted set | the entries of each session (`<session>\|<id>`, a lexicographic index) |
 //! | `c:<channel id>` | channel | grants for the waiters of one semaphore handle (a client's id and a per-handle number) |
 
 use crate::error::Error;
@@ -29,7 +29,7 @@ pub const MAX_LIMIT: u32 = 100_000;
 pub struct Keys {
     pub(crate) name: String,
     /// The seven keys, in the order every script expects them (see `scripts/prelude.lua`):
-    /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `fence`.
+    /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `own`.
     #[doc(hidden)]
     pub all: [String; 7],
     /// Prefix of the per-handle notification channels; a handle appends its channel id.
@@ -52,7 +52,7 @@ impl Keys {
                 k("meta"),
                 k("slots"),
                 k("free"),
-                k("fence"),
+                k("own"),
             ],
             channel_base: k("c:"),
         })

@@ -313,7 +313,12 @@ impl Semaphore {
     /// Connection and permission errors.
     pub async fn force_release(&self, holder_id: &str) -> Result<bool, Error> {
         let mut conn = self.handle.ctx.conn.clone();
-        let n = scripts::release(&mut conn, &self.handle.remote.target(), &[holder_id], true)
+        let n = scripts::release(
+            &mut conn,
+            &self.handle.remote.target(),
+            &scripts::Removal::of(&[holder_id]),
+            true,
+        )
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         Ok(n > 0)

@@ -12,7 +12,7 @@ use test_support::{Cluster, ClusterOptions, Server, ServerOptions, flavors};
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals +hgetall +info +pttl \
-+zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zscore +zpopmin \
++zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zremrangebylex +zscore +zpopmin \
 +publish +spublish +scan +cluster|slots +role +wait";
 
 /// Commands of the rule that only a cluster, Sentinel, synced mode or a dropped handle use:
@@ -91,7 +91,7 @@ async fn scenario(url: &str, name: &str) -> Result<(), Error> {
     assert_eq!(client.list_semaphores().await?, vec![name.to_owned()]);
     client.resize_existing(name, 2).await?;
     client.force_release_existing(name, b.holder_id()).await?;
-    drop((b, c));
+    drop((b, c, sem)); // the handle ends its session
     client.flush_releases().await;
     Ok(())
 }

@@ -167,17 +167,21 @@ async fn a_key_holding_another_type_is_a_wrong_type_error() {
     }
 }
 
+const KEYS: [&str; 7] = ["cfg", "queue", "exp", "meta", "slots", "free", "own"];
+
 /// A key replaced by a foreign type behind an open semaphore's back fails the next script
-/// before it writes anything: no slot popped, no ticket taken, no entry left half-made.
+/// before it writes anything: no slot popped, no ticket taken, no entry left half-made, no
+/// slot freed. Every key, with an acquisition and with a release.
 #[tokio::test]
 async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
     for server in servers() {
         let client = client(&server).await;
-        for suffix in ["fence", "free", "slots"] {
+        for suffix in KEYS {
             let name = format!("partial-{suffix}");
-            let sem = open(&client, &name, 2, Duration::from_secs(5)).await;
-            // a holder, so that the grant below would touch every key
+            let sem = open(&client, &name, 3, Duration::from_secs(5)).await;
+            // holders, so that the grant below would touch every key
             let held = sem.acquire().await.unwrap();
+            let second = sem.acquire().await.unwrap();
             let key = format!("redsem:{{{name}}}:{suffix}");
             server.cmd(&["DEL", &key]);
             server.cmd(&["SET", &key, "written by another program"]);
@@ -185,24 +189,34 @@ async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
                 let k = format!("redsem:{{{name}}}:{k}");
                 format!("{:?}", server.cmd(&["DUMP", &k]))
             };
-            let before: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
-                .iter()
-                .map(|k| dump(k))
-                .collect();
+            let dump_all = || -> Vec<String> { KEYS.iter().map(|k| dump(k)).collect() };
+            let before = dump_all();
             let err = sem.try_acquire().await.unwrap_err();
             assert!(
                 matches!(err, Error::WrongType { .. }),
                 "{} {suffix}: {err:?}",
                 server.flavor()
             );
-            let after: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
-                .iter()
-                .map(|k| dump(k))
-                .collect();
             assert_eq!(
                 before,
-                after,
-                "{} {suffix}: the failed script wrote",
+                dump_all(),
+                "{} {suffix}: the failed acquire wrote",
+                server.flavor()
+            );
+            second.detach();
+            let err = client
+                .force_release_existing(&name, held.holder_id())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::WrongType { .. }),
+                "{} {suffix}: {err:?}",
+                server.flavor()
+            );
+            assert_eq!(
+                before,
+                dump_all(),
+                "{} {suffix}: the failed release wrote",
                 server.flavor()
             );
             held.detach();

@@ -105,6 +105,11 @@ async fn fences_never_go_back_across_a_delete_and_a_recreate() {
         user.shutdown().await;
         drop(sem);
         admin.delete_semaphore("del-fence", false).await.unwrap();
-        assert_eq!(keys_of(&server, "del-fence"), 0);
+        assert_eq!(
+            keys_of(&server, "del-fence"),
+            0,
+            "{:?}",
+            server.cmd(&["KEYS", "*"])
+        );
     }
 }

@@ -107,7 +107,7 @@ async fn a_failover_to_a_lagging_replica_still_issues_higher_tokens() {
         // wait until the replica has them, then freeze it; the master goes on granting
         let deadline = Instant::now() + Duration::from_secs(10);
         while replica
-            .cmd(&["HGET", "redsem:{failover}:fence", "0"])
+            .cmd(&["HGET", "redsem:{failover}:cfg", "gen"])
             .as_str()
             .and_then(|g| g.parse::<u64>().ok())
             != Some(replicated[1])
@@ -126,7 +126,7 @@ async fn a_failover_to_a_lagging_replica_still_issues_higher_tokens() {
         drop(on_master);
         master.kill();
         let stale: u64 = replica
-            .cmd(&["HGET", "redsem:{failover}:fence", "0"])
+            .cmd(&["HGET", "redsem:{failover}:cfg", "gen"])
             .as_str()
             .unwrap()
             .parse()
@@ -235,20 +235,23 @@ async fn tokens_are_unique_per_slot_and_rise_in_grant_order() {
                 per_slot.entry(slot).or_default().push(g);
             }
         }
-        // the slot's fence record is the highest generation it was ever granted
+        // no token granted twice for a slot; the semaphore's last generation is the highest
+        // ever granted
+        let mut highest = 0;
         for (slot, gens) in &mut per_slot {
             let n = gens.len();
             gens.sort_unstable();
             gens.dedup();
             assert_eq!(gens.len(), n, "slot {slot}: a token was granted twice");
-            let stored: u64 = server
-                .cmd(&["HGET", "redsem:{unique}:fence", &slot.to_string()])
-                .as_str()
-                .unwrap()
-                .parse()
-                .unwrap();
-            assert_eq!(stored, *gens.last().unwrap(), "slot {slot}");
+            highest = highest.max(*gens.last().unwrap());
         }
+        let stored: u64 = server
+            .cmd(&["HGET", "redsem:{unique}:cfg", "gen"])
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(stored, highest);
         assert_eq!(per_slot.len(), 3);
     }
 }

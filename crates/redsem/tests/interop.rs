@@ -369,7 +369,7 @@ async fn a_killed_python_holders_slot_is_back_within_one_lease() {
         "the Python worker did not acquire"
     );
     let python_generation: u64 = server
-        .cmd(&["HGET", "redsem:{killed}:fence", "0"])
+        .cmd(&["HGET", "redsem:{killed}:cfg", "gen"])
         .as_str()
         .unwrap()
         .parse()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const KEYS: [&str; 7] = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"];
+const KEYS: [&str; 7] = ["cfg", "queue", "exp", "meta", "slots", "free", "own"];
 const LIMIT: u32 = 3;
 const RENEW: Duration = Duration::from_millis(150);
 

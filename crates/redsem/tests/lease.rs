@@ -217,6 +217,7 @@ async fn deleting_the_lease_behind_the_holder_cancels_its_work() {
             "redsem:{deleted}:meta",
             "redsem:{deleted}:exp",
             "redsem:{deleted}:slots",
+            "redsem:{deleted}:own",
         ]);
         let deleted_at = Instant::now();
         let result = run.await.unwrap();
@@ -261,14 +262,16 @@ async fn renewal_never_recreates_an_expired_entry() {
         let permit = sem.acquire().await.unwrap();
         let old_generation = permit.fences()[0].generation;
         let lost = permit.lost();
-        // make the lease look expired in Redis (as after a pause longer than the lease)
+        // make the lease of its session look expired in Redis (as after a pause longer
+        // than the lease)
+        let session = session_of(&server, "no-recreate", permit.holder_id());
         let r = server.cmd(&[
             "ZADD",
             "redsem:{no-recreate}:exp",
             "XX",
             "CH",
             "1",
-            permit.holder_id(),
+            &session,
         ]);
         assert_eq!(r.as_int(), Some(1));
         let reason = tokio::time::timeout(Duration::from_secs(2), lost)

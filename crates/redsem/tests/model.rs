@@ -1,7 +1,7 @@
 //! Property test: random sequences of acquire / acquire_many / try_acquire / release /
 //! cancel / expiry / renewal / resize are run against the Lua scripts in Redis and against a
 //! small in-memory model of the semantics. After every step the two must agree on the reply,
-//! the holders and their slots, the queue order, the free slots and the fences; at the end,
+//! the holders and their slots, the queue order, the free slots and the holders' fences; at the end,
 //! the notifications each client channel received must be exactly the grants and
 //! rejections the model made for that client's waiters, in order.
 //!
@@ -35,7 +35,8 @@ enum Op {
     Release {
         pick: usize,
     },
-    /// The entry's lease runs out (as if its process died).
+    /// The lease of the entry's session runs out (as if its client died): every entry of
+    /// that client expires with it.
     Expire {
         pick: usize,
     },
@@ -321,13 +322,8 @@ fn parse_acquire(v: &Value) -> Reply {
     }
 }
 
-/// (holders: id -> entry's slots and fences, queue, free slots, fences per slot)
-type Snapshot = (
-    BTreeMap<String, (Vec<u32>, Vec<u64>)>,
-    Vec<String>,
-    Vec<u32>,
-    BTreeMap<u32, u64>,
-);
+/// (holders: id -> entry's slots and fences, queue, free slots)
+type Snapshot = (BTreeMap<String, (Vec<u32>, Vec<u64>)>, Vec<String>, Vec<u32>);
 
 fn snapshot_real(r: &mut Real) -> Snapshot {
     use redis::Commands;
@@ -369,9 +365,7 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
         .collect();
     let queue: Vec<String> = r.con.zrange(&r.keys[1], 0, -1).unwrap();
     let free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
-    let raw: BTreeMap<u32, u64> = r.con.hgetall(&r.keys[6]).unwrap();
-    let fence = raw.into_iter().map(|(s, g)| (s, r.ord(s, g))).collect();
-    (holders, queue, free, fence)
+    (holders, queue, free)
 }
 
 fn snapshot_model(m: &Model) -> Snapshot {
@@ -381,12 +375,7 @@ fn snapshot_model(m: &Model) -> Snapshot {
         .filter(|(_, e)| !e.slots.is_empty())
         .map(|(id, e)| (id.clone(), (e.slots.clone(), e.fences.clone())))
         .collect();
-    (
-        holders,
-        m.queue.clone(),
-        m.free.iter().copied().collect(),
-        m.fence.clone(),
-    )
+    (holders, m.queue.clone(), m.free.iter().copied().collect())
 }
 
 static CASE: AtomicU32 = AtomicU32::new(0);
@@ -394,7 +383,7 @@ static CASE: AtomicU32 = AtomicU32::new(0);
 fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
     let case = CASE.fetch_add(1, Ordering::SeqCst);
     let tag = format!("m:{{p{case}}}:");
-    let keys: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+    let keys: Vec<String> = ["cfg", "queue", "exp", "meta", "slots", "free", "own"]
         .iter()
         .map(|k| format!("{tag}{k}"))
         .collect();
@@ -502,7 +491,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     .cloned()
                     .unwrap_or_else(|| "none".into());
                 let got = Reply::Removed(
-                    match real.call(&real.release.clone(), &["0".into(), id.clone()]) {
+                    match real.call(&real.release.clone(), &["0".into(), "0".into(), "0".into(), id.clone()]) {
                         Value::Int(i) => i as u64,
                         v => panic!("{v:?}"),
                     },
@@ -513,14 +502,19 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Expire { pick } => {
                 if let Some(id) = live.get(pick % live.len().max(1)) {
+                    let client = model.entries[id].client;
                     let _: i64 = redis::cmd("ZADD")
                         .arg(&real.keys[2])
                         .arg("XX")
                         .arg(1)
-                        .arg(id)
+                        .arg(format!("c{client}~60000"))
                         .query(&mut real.con)
                         .unwrap();
-                    model.expired.insert(id.clone());
+                    for (id, e) in &model.entries {
+                        if e.client == client {
+                            model.expired.insert(id.clone());
+                        }
+                    }
                 }
                 (Reply::Removed(0), Reply::Removed(0))
             }
@@ -529,7 +523,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     .get(pick % live.len().max(1))
                     .cloned()
                     .unwrap_or_else(|| "none".into());
-                let v = real.call(&real.renew.clone(), std::slice::from_ref(&id));
+                let v = real.call(&real.renew.clone(), &["0".into(), id.clone()]);
                 let Value::Array(a) = &v else { panic!("{v:?}") };
                 let Value::Array(states) = &a[1] else {
                     panic!("{v:?}")

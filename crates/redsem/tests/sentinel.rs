@@ -167,13 +167,16 @@ async fn a_killed_master_is_replaced_and_waiters_keep_progressing() {
             "{flavor}: the sentinels promoted a replica {:?} after the kill",
             killed.elapsed()
         );
-        // commands reach the new master (the holder renews there)
-        let renewed_there = || {
-            matches!(
-                set.data(new).cmd(&["ZCARD", "redsem:{k}:exp"]),
-                Reply::Int(2)
-            )
+        // commands reach the new master (the holder renews its session there)
+        let lease_end = |set: &Sentinels| match set
+            .data(new)
+            .cmd(&["ZRANGE", "redsem:{k}:exp", "-1", "-1", "WITHSCORES"])
+        {
+            Reply::Array(a) if a.len() == 2 => a[1].as_str().and_then(|s| s.parse::<f64>().ok()),
+            _ => None,
         };
+        let before = lease_end(&set).unwrap_or(0.0);
+        let renewed_there = || lease_end(&set).is_some_and(|e| e > before);
         assert!(eventually(Duration::from_secs(10), renewed_there).await);
         assert!(
             !held.is_lost(),

@@ -316,7 +316,7 @@ async fn inject(
             const LOST: [(&str, usize); 5] = [
                 ("meta", 3),
                 ("free", 5),
-                ("fence", 6),
+                ("own", 6),
                 ("cfg", 0),
                 ("queue", 1),
             ];

@@ -86,7 +86,8 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     let now_ms = st.read_at / 1000;
     let mut latest_expiry = 0i64;
     for s in &cfg.sems {
-        let [_, queue, exp, meta, slots, ..] = cfg.keys(&s.name)?;
+        let [_, queue, exp, meta, slots, _, own] = cfg.keys(&s.name)?;
+        // session leases; an entry has a lease when its session (in the index) has one
         let exp: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(exp)
             .arg(0)
@@ -94,7 +95,19 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
-        let with_lease: HashSet<&str> = exp.iter().map(|(id, _)| id.as_str()).collect();
+        let sessions: HashSet<&str> = exp.iter().map(|(sid, _)| sid.as_str()).collect();
+        let index: Vec<String> = redis::cmd("ZRANGE")
+            .arg(own)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let with_lease: HashSet<&str> = index
+            .iter()
+            .filter_map(|m| m.split_once('|'))
+            .filter(|(sid, _)| sessions.contains(sid))
+            .map(|(_, id)| id)
+            .collect();
         let meta: Vec<String> = redis::cmd("HKEYS").arg(meta).query_async(&mut conn).await?;
         let queue: Vec<String> = redis::cmd("ZRANGE")
             .arg(queue)

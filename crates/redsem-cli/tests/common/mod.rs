@@ -212,7 +212,7 @@ pub fn read_pid(path: &Path) -> i32 {
 
 /// Every key of semaphore `name` under the default prefix.
 pub fn keys(name: &str) -> Vec<String> {
-    ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+    ["cfg", "queue", "exp", "meta", "slots", "free", "own"]
         .iter()
         .map(|s| format!("redsem:{{{name}}}:{s}"))
         .collect()

@@ -138,6 +138,9 @@ impl Handle {
             .as_ref()
             .and_then(|c| c.lease)
             .unwrap_or(self.timing.lease);
+        if holder_lease != self.timing.lease {
+            self.table.use_lease(holder_lease); // its session is renewed from now on
+        }
         let local = match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
@@ -198,7 +201,7 @@ impl Handle {
                     } => {
                         tracing::Span::current().record("ticket", ticket);
                         tracing::debug!(ticket, "waiting in the queue");
-                        self.table.lock().waiter_queued(&pending.id);
+                        self.table.lock().waiter_queued(&pending.id, ticket);
                         self.heartbeat.lease_expires_in(next_expiry_ms)
                     }
                     AcquireReply::NoCapacity { queued_first } => {

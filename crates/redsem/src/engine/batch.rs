@@ -139,6 +139,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::scripts::Removal;
     use crate::engine::releaser::Job;
     use crate::keys::Keys;
 
@@ -174,7 +175,7 @@ mod tests {
             Ok(replies)
         }
 
-        async fn release(&mut self, _: &Remote, _: &[&str]) -> CallResult<u64> {
+        async fn release(&mut self, _: &Remote, _: &Removal<'_>) -> CallResult<u64> {
             unreachable!("the batching task hands releases to the releaser")
         }
     }

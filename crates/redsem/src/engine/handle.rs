@@ -42,6 +42,7 @@ pub(crate) struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.heartbeat.stop();
+        self.table.end_sessions();
         self.ctx.releaser.send(Job::Unsubscribe {
             channel: self.channel.clone(),
         });
@@ -84,6 +85,7 @@ impl Member for Handle {
             self.table.release_in_background(id);
         }
         self.heartbeat.stop();
+        self.table.end_sessions();
         self.ctx.releaser.send(Job::Unsubscribe {
             channel: self.channel.clone(),
         });
@@ -148,6 +150,7 @@ impl Handle {
             remote.clone(),
             ctx.releaser.clone(),
             s.timing.lease,
+            channel_id.clone(),
         ));
         let heartbeat = Heartbeat::new(
             table.clone(),

@@ -23,6 +23,7 @@
 //! A renewal never re-creates an entry: an entry that expired is reported gone and its permit
 //! is lost.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -35,7 +36,7 @@ use super::lease::{LeaseState, Timing};
 use super::remote::Remote;
 use super::table::{Entries, Outcome, Table};
 use crate::error::LostReason;
-use crate::scripts::{self, Conn, EntryState};
+use crate::scripts::{self, Conn, EntryState, Session};
 
 /// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
 /// [`RETRY_MAX`] (and never beyond one renewal interval).
@@ -64,6 +65,12 @@ pub(crate) struct Schedule {
     next_check: Option<Instant>,
     /// Last time the waiters were checked.
     waiters_checked_at: Instant,
+    /// Check every local waiter in Redis at the next heartbeat (a reconnect, a session
+    /// that had lost its lease, a failed check).
+    check_all: bool,
+    /// The head of the queue at the last renewal: a waiter with a lower ticket was granted
+    /// or removed meanwhile, and is checked (`u64::MAX`: nobody was waiting).
+    doubt_below: u64,
 }
 
 impl Schedule {
@@ -73,6 +80,8 @@ impl Schedule {
             retry: None,
             next_check: None,
             waiters_checked_at: Instant::now(),
+            check_all: false,
+            doubt_below: 0,
         }
     }
 
@@ -181,7 +190,11 @@ impl Heartbeat {
 
     /// Check every waiter and holder now (after a reconnect).
     pub(crate) fn recheck_now(&self) {
-        self.schedule.lock().unwrap().force = true;
+        {
+            let mut schedule = self.schedule.lock().unwrap();
+            schedule.force = true;
+            schedule.check_all = true;
+        }
         self.table.poke.notify_one();
     }
 
@@ -244,27 +257,42 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// A local holder: its id and lease.
 type Holder = (String, Arc<LeaseState>);
 
-/// One renewal and check of every local holder and waiter: one call, or one per
-/// [`WAITERS_PER_CALL`] waiters.
+/// One renewal of every session of the handle and check of every local holder: one call.
+/// Waiters are not checked one by one unless the renewal gives reason to doubt them (see
+/// [`in_doubt`]): then one more call per [`WAITERS_PER_CALL`] of them.
 async fn beat(hb: &Heartbeat) {
-    let (holders, waiters): (Vec<Holder>, Vec<Arc<str>>) = {
+    let (holders, waiting) = {
         let st = hb.table.lock();
-        (st.holders(), st.waiter_ids())
+        (st.holders(), st.has_waiters())
     };
-    if holders.is_empty() && waiters.is_empty() {
+    if holders.is_empty() && !waiting {
         return;
     }
-    let mut chunks = waiters.chunks(WAITERS_PER_CALL);
-    let first = renew_call(hb, &holders, chunks.next().unwrap_or_default()).await;
+    let sessions = hb.table.sessions();
+    let sessions: Vec<Session<'_>> = sessions.iter().map(|(s, ms)| (s.as_str(), *ms)).collect();
+    let mut checked: HashSet<Arc<str>> = HashSet::new();
+    let doubted = in_doubt(hb, &checked);
+    let first_chunk = &doubted[..doubted.len().min(WAITERS_PER_CALL)];
+    let first = renew_call(hb, &sessions, &holders, first_chunk).await;
     let mut poked = first.poked;
-    if first.ok {
-        for chunk in chunks {
-            let call = renew_call(hb, &[], chunk).await;
-            poked |= call.poked;
-            if !call.ok {
-                break; // retried as a whole later
-            }
+    let mut ok = first.ok;
+    checked.extend(first_chunk.iter().cloned());
+    // The reply may have put waiters in doubt (a head of the queue above their tickets, a
+    // session without a lease, the rest of a long list): check them now.
+    while ok {
+        let doubted = in_doubt(hb, &checked);
+        if doubted.is_empty() {
+            break;
         }
+        let chunk = &doubted[..doubted.len().min(WAITERS_PER_CALL)];
+        let call = renew_call(hb, &[], &[], chunk).await;
+        poked |= call.poked;
+        ok = call.ok;
+        checked.extend(chunk.iter().cloned());
+    }
+    if !ok {
+        // retried as a whole later
+        hb.schedule.lock().unwrap().check_all = true;
     }
     // Holders whose lease could have expired without a confirmed renewal are lost (those
     // granted during the call included).
@@ -280,6 +308,21 @@ async fn beat(hb: &Heartbeat) {
     }
 }
 
+/// The local waiters (with confirmed tickets) that a check in Redis must look at, except
+/// those in `checked`: all of them after a reconnect or when their session had lost its
+/// lease, else those whose ticket is below the head of the queue (granted or removed while
+/// their notification was lost). Takes the "all" flag.
+fn in_doubt(hb: &Heartbeat, checked: &HashSet<Arc<str>>) -> Vec<Arc<str>> {
+    let waiters = hb.table.lock().queued_waiters();
+    let mut schedule = hb.schedule.lock().unwrap();
+    let all = std::mem::take(&mut schedule.check_all);
+    waiters
+        .into_iter()
+        .filter(|(id, ticket)| (all || *ticket < schedule.doubt_below) && !checked.contains(id))
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// What one renewal call did.
 struct Call {
     /// Redis answered.
@@ -288,9 +331,14 @@ struct Call {
     poked: bool,
 }
 
-/// One renewal call for `holders` and `waiters`: confirms their leases, delivers grants and
-/// losses, and schedules the next check.
-async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) -> Call {
+/// One renewal call for `sessions`, checking `holders` and `waiters`: confirms the leases,
+/// delivers grants and losses, and schedules the next check.
+async fn renew_call(
+    hb: &Heartbeat,
+    sessions: &[Session<'_>],
+    holders: &[Holder],
+    waiters: &[Arc<str>],
+) -> Call {
     let sent = Instant::now();
     // Never wait for an answer past the moment a holder's lease could have expired: every
     // local holder's, not only those renewed by this call.
@@ -310,17 +358,18 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
     let span = tracing::debug_span!(
         "redsem.renew",
         semaphore = %hb.name(),
+        sessions = sessions.len(),
         holders = holders.len(),
         waiters = waiters.len(),
     );
     let target = hb.remote.target();
     let renew = async {
         match hb.synced {
-            None => scripts::renew(&mut conn, &target, &ids)
+            None => scripts::renew(&mut conn, &target, sessions, &ids)
                 .await
                 .map(|renewal| (renewal, true)),
             Some((replicas, timeout)) => {
-                scripts::renew_and_wait(&mut conn, &target, &ids, replicas, timeout)
+                scripts::renew_and_wait(&mut conn, &target, sessions, &ids, replicas, timeout)
                     .await
                     .map(|(renewal, acked)| {
                         if acked < replicas {
@@ -348,22 +397,35 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
         }
     };
     let now = Instant::now();
-    crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, true)))));
+    if !sessions.is_empty() {
+        crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, true)))));
+    }
     match reply {
         Ok(Ok((renewal, replicated))) => {
-            let (next_expiry, states) = (renewal.next_expiry, renewal.states);
             if let Some((free, limit)) = renewal.seen {
                 hb.remote.set_free(free);
                 hb.remote.set_limit(limit);
             }
             tracing::debug!(parent: &span, replicated, "renewed");
-            if replicated {
-                hb.schedule.lock().unwrap().succeeded(now, next_expiry);
-            } else {
-                // retried like a failed call; the holders' deadlines stay where they were
-                hb.schedule.lock().unwrap().failed(now, &hb.timing);
+            let every_lease_held = renewal.had_lease.iter().all(|&h| h);
+            {
+                let mut schedule = hb.schedule.lock().unwrap();
+                if replicated {
+                    schedule.succeeded(now, renewal.next_expiry);
+                } else {
+                    // retried like a failed call; the holders' deadlines stay where they were
+                    schedule.failed(now, &hb.timing);
+                }
+                schedule.doubt_below = renewal.head.unwrap_or(u64::MAX);
+                if !every_lease_held {
+                    // a session had expired: its waiters may have been reaped
+                    schedule.check_all = true;
+                }
             }
-            let (h_states, w_states) = states.split_at(holders.len());
+            if replicated && !sessions.is_empty() && every_lease_held {
+                hb.table.lock().waiters_renewed(sent);
+            }
+            let (h_states, w_states) = renewal.states.split_at(holders.len());
             for ((id, lease), state) in holders.iter().zip(h_states) {
                 match state {
                     // granted again under the same id after Redis lost this grant
@@ -383,8 +445,16 @@ async fn renew_call(hb: &Heartbeat, holders: &[Holder], waiters: &[Arc<str>]) ->
                         .table
                         .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
                     EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
-                    EntryState::Waiting if replicated => hb.table.lock().waiter_renewed(id, sent),
                     EntryState::Waiting => {}
+                }
+            }
+            // removed by an operator or rejected: waiters queue again (or learn that they
+            // can never be granted), holders are lost
+            for id in &renewal.removed {
+                let holder = hb.table.lock().holders.get(id.as_str()).cloned();
+                match holder {
+                    Some(lease) => lose(hb, id, &lease, LostReason::NotHolder),
+                    None => hb.table.deliver(id, Outcome::Lost),
                 }
             }
             Call {

@@ -111,6 +111,7 @@ impl Held {
             .check_holder_lease(len)
             .map_err(Error::InvalidArgument)?;
         let old = self.lease.len();
+        self.handle.table.use_lease(len);
         self.lease.cap_len(len);
         self.handle.table.poke.notify_one(); // the deadline may have moved closer
         let sent = Instant::now();
@@ -143,7 +144,7 @@ impl Held {
         self.handle.table.forget_holder(&self.id);
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
-        match scripts::release(&mut conn, &target, &[&self.id], false).await {
+        match scripts::release(&mut conn, &target, &scripts::Removal::of(&[&self.id]), false).await {
             Ok(_) => {
                 self.released = true;
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,
@@ -155,12 +156,17 @@ impl Held {
         }
     }
 
-    /// Stops renewing and does not release: the entry expires with its lease.
+    /// Stops renewing and does not release: the entry leaves the handle's session (in the
+    /// background: one call, batched with releases) for one nobody renews, and expires with
+    /// the lease it has then.
     pub(crate) fn detach(mut self) {
         tracing::debug!(semaphore = %self.name(), holder = %self.id,
             ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
         self.released = true;
         self.handle.table.forget_holder(&self.id);
+        self.handle
+            .table
+            .detach_in_background(std::mem::take(&mut self.id));
     }
 }
 

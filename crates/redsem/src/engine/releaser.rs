@@ -3,8 +3,10 @@
 //! Dropping a [`Permit`](crate::Permit) or a pending acquire sends a [`Job`] here: a
 //! synchronous, non-blocking channel send that never panics. The task batches the releases
 //! that are waiting (one script call per semaphore per round) and retries a failed call a
-//! few times; if Redis stays unreachable, the entries expire with their leases. If the
-//! runtime is gone, the send fails silently and the leases expire too. One per client.
+//! few times, then again every [`RETRY_LATER`] while the client lives: an entry whose
+//! release never reached Redis would otherwise live on in its session, which this process
+//! keeps renewing. If the runtime is gone, the send fails silently and the entries expire
+//! with their sessions. One per client.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,12 +16,21 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::notifier::Notifier;
 use super::remote::{Calls, Remote};
-use crate::scripts::Conn;
+use crate::scripts::{Conn, Removal};
 
 /// Work for the releaser.
 pub(crate) enum Job {
     /// Remove a holder or a queued waiter (idempotent).
     Release { remote: Arc<Remote>, id: String },
+    /// Detach a holder: it leaves the handle's session for one nobody renews, and expires
+    /// with the lease it has ([`Permit::detach`](crate::Permit::detach)).
+    Detach { remote: Arc<Remote>, id: String },
+    /// A semaphore handle is gone: end its sessions (those with no entry left), after the
+    /// releases sent before.
+    EndSessions {
+        remote: Arc<Remote>,
+        sessions: Vec<String>,
+    },
     /// A semaphore handle was dropped: stop listening on its channel.
     Unsubscribe { channel: String },
     /// Answer once every job sent before this one has been done
@@ -39,7 +50,7 @@ pub(crate) struct Releaser {
 impl Releaser {
     pub(crate) fn spawn(conn: Conn, notifier: Arc<Notifier>) -> Releaser {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, conn, notifier));
+        tokio::spawn(run(rx, tx.downgrade(), conn, notifier));
         Releaser { tx }
     }
 
@@ -77,36 +88,67 @@ impl Releaser {
 
 /// Most jobs taken from the channel in one round (their releases are grouped by semaphore).
 const JOBS_PER_ROUND: usize = 256;
-/// Tries of one release call before giving up.
+/// Tries of one release call in a row.
 const ATTEMPTS: u32 = 6;
+/// After [`ATTEMPTS`] failed tries, the jobs go back to the channel this much later.
+const RETRY_LATER: Duration = Duration::from_secs(5);
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Notifier>) {
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    again: mpsc::WeakUnboundedSender<Job>,
+    conn: Conn,
+    notifier: Arc<Notifier>,
+) {
     let mut buf = Vec::with_capacity(JOBS_PER_ROUND);
     while rx.recv_many(&mut buf, JOBS_PER_ROUND).await > 0 {
-        // group releases by semaphore, keeping arrival order within each
-        let mut groups: Vec<(Arc<Remote>, Vec<String>)> = Vec::new();
+        // group releases by semaphore, keeping arrival order within each (a group's call
+        // removes its entries before it ends its sessions)
+        let mut groups: Vec<Group> = Vec::new();
         let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut group_of = |remote: Arc<Remote>| -> usize {
+            let key = Arc::as_ptr(&remote) as usize;
+            *index.entry(key).or_insert_with(|| {
+                groups.push(Group {
+                    remote,
+                    ids: Vec::new(),
+                    detach: Vec::new(),
+                    end: Vec::new(),
+                });
+                groups.len() - 1
+            })
+        };
+        let mut jobs: Vec<(usize, Vec<String>, Kind)> = Vec::new();
         let mut flushed = Vec::new();
         let mut stop = false;
         for job in buf.drain(..) {
+            if stop && !matches!(job, Job::Flush(_)) {
+                continue; // sent after the stop: dropped
+            }
             match job {
                 Job::Release { remote, id } => {
-                    let key = Arc::as_ptr(&remote) as usize;
-                    match index.get(&key) {
-                        Some(&i) => groups[i].1.push(id),
-                        None => {
-                            index.insert(key, groups.len());
-                            groups.push((remote, vec![id]));
-                        }
-                    }
+                    jobs.push((group_of(remote), vec![id], Kind::Release))
+                }
+                Job::Detach { remote, id } => jobs.push((group_of(remote), vec![id], Kind::Detach)),
+                Job::EndSessions { remote, sessions } => {
+                    jobs.push((group_of(remote), sessions, Kind::End))
                 }
                 Job::Unsubscribe { channel } => notifier.unsubscribe(&channel).await,
                 Job::Flush(done) => flushed.push(done),
                 Job::Stop => stop = true,
             }
         }
-        for (remote, ids) in groups {
-            release_with_retry(conn.clone(), &remote, &ids).await;
+        for (i, items, kind) in jobs {
+            let g = &mut groups[i];
+            match kind {
+                Kind::Release => g.ids.extend(items),
+                Kind::Detach => g.detach.extend(items),
+                Kind::End => g.end.extend(items),
+            }
+        }
+        for g in groups {
+            if !release_with_retry(conn.clone(), &g).await && !stop {
+                retry_later(again.clone(), g);
+            }
         }
         for done in flushed {
             let _ = done.send(());
@@ -117,16 +159,58 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, notifier: Arc<Not
     }
 }
 
-/// One release call for `ids`, tried [`ATTEMPTS`] times with a doubling delay (50 ms, at
-/// most 2 s) between tries.
-async fn release_with_retry(mut conn: impl Calls, remote: &Remote, ids: &[String]) {
-    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+/// What a job asks of its entries or sessions.
+enum Kind {
+    Release,
+    Detach,
+    End,
+}
+
+/// The releases, detachments and session ends of one semaphore in one round: one call.
+struct Group {
+    remote: Arc<Remote>,
+    ids: Vec<String>,
+    detach: Vec<String>,
+    end: Vec<String>,
+}
+
+/// Sends the jobs of `g` back to the releaser after [`RETRY_LATER`] (nothing if the client
+/// is gone by then: the entries expire with its sessions).
+fn retry_later(again: mpsc::WeakUnboundedSender<Job>, g: Group) {
+    tokio::spawn(async move {
+        tokio::time::sleep(RETRY_LATER).await;
+        let Some(tx) = again.upgrade() else { return };
+        let remote = g.remote;
+        for id in g.ids {
+            let _ = tx.send(Job::Release { remote: remote.clone(), id });
+        }
+        for id in g.detach {
+            let _ = tx.send(Job::Detach { remote: remote.clone(), id });
+        }
+        if !g.end.is_empty() {
+            let _ = tx.send(Job::EndSessions { remote, sessions: g.end });
+        }
+    });
+}
+
+/// One release call for the group `g`, tried [`ATTEMPTS`] times with a doubling delay
+/// (50 ms, at most 2 s) between tries. Returns whether it succeeded.
+async fn release_with_retry(mut conn: impl Calls, g: &Group) -> bool {
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let (ids, detach, end) = (refs(&g.ids), refs(&g.detach), refs(&g.end));
+    let removal = Removal {
+        ids: &ids,
+        detach: &detach,
+        end: &end,
+    };
     let mut delay = Duration::from_millis(50);
     for attempt in 1..=ATTEMPTS {
-        match conn.release(remote, &refs).await {
-            Ok(_) => return,
+        match conn.release(&g.remote, &removal).await {
+            Ok(_) => return true,
             Err(e) => {
-                tracing::warn!(semaphore = %remote.name(), attempt, error = %e, "background release failed");
+                tracing::warn!(semaphore = %g.remote.name(), attempt, error = %e, "background release failed");
                 if attempt < ATTEMPTS {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
@@ -134,9 +218,10 @@ async fn release_with_retry(mut conn: impl Calls, remote: &Remote, ids: &[String
             }
         }
     }
-    tracing::warn!(semaphore = %remote.name(), entries = ids.len(),
-        "giving up the background release: the entries will expire with their leases");
-    crate::metrics::releases_abandoned(remote.name(), ids.len());
+    tracing::warn!(semaphore = %g.remote.name(), entries = g.ids.len() + g.detach.len(),
+        "background release failed {ATTEMPTS} times: tried again in {RETRY_LATER:?}");
+    crate::metrics::releases_abandoned(g.remote.name(), g.ids.len() + g.detach.len());
+    false
 }
 
 #[cfg(test)]
@@ -169,14 +254,14 @@ mod tests {
             unreachable!("the releaser does not acquire")
         }
 
-        async fn release(&mut self, _: &Remote, ids: &[&str]) -> CallResult<u64> {
+        async fn release(&mut self, _: &Remote, r: &Removal<'_>) -> CallResult<u64> {
             let mut calls = self.calls.lock().unwrap();
-            calls.push((Instant::now(), ids.iter().map(|s| s.to_string()).collect()));
+            calls.push((Instant::now(), r.ids.iter().map(|s| s.to_string()).collect()));
             if calls.len() as u32 <= self.failures {
                 let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
                 return Err(CallError::Redis(refused.into()));
             }
-            Ok(ids.len() as u64)
+            Ok(r.ids.len() as u64)
         }
     }
 
@@ -186,9 +271,15 @@ mod tests {
             failures,
             calls: Default::default(),
         };
-        let remote = Remote::new(Keys::new("redsem", "r").unwrap(), 1, "PUBLISH");
+        let remote = Arc::new(Remote::new(Keys::new("redsem", "r").unwrap(), 1, "PUBLISH"));
         let ids = vec!["a".to_owned(), "b".to_owned()];
-        release_with_retry(flaky.clone(), &remote, &ids).await;
+        let group = Group {
+            remote,
+            ids: ids.clone(),
+            detach: vec![],
+            end: vec![],
+        };
+        release_with_retry(flaky.clone(), &group).await;
         let calls = flaky.calls.lock().unwrap();
         assert!(
             calls.iter().all(|(_, sent)| *sent == ids),
@@ -212,7 +303,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_release_that_keeps_failing_is_given_up_after_six_tries() {
+    async fn a_release_that_keeps_failing_is_put_aside_after_six_tries() {
         assert_eq!(delays(100).await, (vec![50, 100, 200, 400, 800], 6));
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::CallResult;
 use crate::keys::Keys;
-use crate::scripts::{self, AcquireArgs, AcquireReply, Conn, Target};
+use crate::scripts::{self, AcquireArgs, AcquireReply, Conn, Removal, Target};
 
 /// One semaphore in Redis as a handle and its background work address it: its keys, the
 /// last limit seen (mutable: updated by resize, stats and rejections; used to re-create the
@@ -75,11 +75,12 @@ pub(crate) trait Calls: Clone + Send + 'static {
         batch: &[AcquireArgs<'_>],
     ) -> impl Future<Output = CallResult<Vec<AcquireReply>>> + Send;
 
-    /// Removes holders or queued waiters, not forced ([`scripts::release`]).
+    /// Removes holders or queued waiters, not forced, detaches holders, and ends the
+    /// sessions that have no entry left ([`scripts::release`]).
     fn release(
         &mut self,
         remote: &Remote,
-        ids: &[&str],
+        removal: &Removal<'_>,
     ) -> impl Future<Output = CallResult<u64>> + Send;
 }
 
@@ -96,7 +97,7 @@ impl Calls for Conn {
         Ok(replies)
     }
 
-    async fn release(&mut self, remote: &Remote, ids: &[&str]) -> CallResult<u64> {
-        scripts::release(self, &remote.target(), ids, false).await
+    async fn release(&mut self, remote: &Remote, removal: &Removal<'_>) -> CallResult<u64> {
+        scripts::release(self, &remote.target(), removal, false).await
     }
 }

@@ -5,7 +5,7 @@
 //! call, a notification, the heartbeat, or closing the handle. Whatever is resolved after
 //! its acquire was dropped is released in the background, so nothing leaks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,9 +36,9 @@ pub(crate) struct Waiter {
     /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
     /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
     renewed_at: Instant,
-    /// Redis confirmed the ticket (the acquire call returned "queued"). Until then the
-    /// heartbeat leaves it out: a renewal that overtook the acquire would find it missing.
-    queued: bool,
+    /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
+    /// heartbeat never checks it: a check that overtook the acquire would find it missing.
+    ticket: Option<u64>,
     /// Counts this waiter in `redsem_local_waiters` while it lives (feature `metrics`).
     _gauge: crate::metrics::WaiterGauge,
 }
@@ -49,7 +49,7 @@ impl Waiter {
         Waiter {
             tx,
             renewed_at: Instant::now(),
-            queued: false,
+            ticket: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
     }
@@ -61,29 +61,31 @@ pub(crate) struct Entries {
     /// Keyed by the waiter's id, shared with its pending acquire (one allocation).
     pub(crate) waiters: HashMap<Arc<str>, Waiter>,
     pub(crate) holders: HashMap<String, Arc<LeaseState>>,
+    /// Every lease length (ms) this handle's entries have used: one session each in Redis.
+    pub(crate) leases: BTreeSet<u64>,
 }
 
 impl Entries {
-    /// The waiters whose ticket Redis confirmed (only those can be renewed).
-    pub(crate) fn waiter_ids(&self) -> Vec<Arc<str>> {
+    /// The waiters whose ticket Redis confirmed (only those can be checked), with their
+    /// tickets.
+    pub(crate) fn queued_waiters(&self) -> Vec<(Arc<str>, u64)> {
         self.waiters
             .iter()
-            .filter(|(_, w)| w.queued)
-            .map(|(id, _)| id.clone())
+            .filter_map(|(id, w)| w.ticket.map(|t| (id.clone(), t)))
             .collect()
     }
 
-    /// Records a confirmed renewal of a waiter's lease, sent at `sent`.
-    pub(crate) fn waiter_renewed(&mut self, id: &str, sent: Instant) {
-        if let Some(w) = self.waiters.get_mut(id) {
+    /// Records a confirmed renewal, sent at `sent`, of the session of every waiter.
+    pub(crate) fn waiters_renewed(&mut self, sent: Instant) {
+        for w in self.waiters.values_mut() {
             w.renewed_at = w.renewed_at.max(sent);
         }
     }
 
-    /// Redis confirmed the ticket of waiter `id`: the heartbeat may renew it from now on.
-    pub(crate) fn waiter_queued(&mut self, id: &str) {
+    /// Redis confirmed the ticket of waiter `id`: the heartbeat may check it from now on.
+    pub(crate) fn waiter_queued(&mut self, id: &str, ticket: u64) {
         if let Some(w) = self.waiters.get_mut(id) {
-            w.queued = true;
+            w.ticket = Some(ticket);
         }
     }
 
@@ -105,6 +107,8 @@ impl Entries {
 pub(crate) struct Table {
     entries: Mutex<Entries>,
     remote: Arc<Remote>,
+    /// The handle's channel id, which starts the ids of its sessions.
+    channel_id: String,
     releaser: Releaser,
     /// The waiters' lease (the handle's): a granted waiter keeps it until renewed as a holder.
     wait_lease: Duration,
@@ -113,10 +117,18 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    pub(crate) fn new(remote: Arc<Remote>, releaser: Releaser, wait_lease: Duration) -> Table {
+    pub(crate) fn new(
+        remote: Arc<Remote>,
+        releaser: Releaser,
+        wait_lease: Duration,
+        channel_id: String,
+    ) -> Table {
+        let mut entries = Entries::default();
+        entries.leases.insert(wait_lease.as_millis() as u64);
         Table {
-            entries: Mutex::new(Entries::default()),
+            entries: Mutex::new(entries),
             remote,
+            channel_id,
             releaser,
             wait_lease,
             poke: Arc::new(Notify::new()),
@@ -125,6 +137,40 @@ impl Table {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Entries> {
         self.entries.lock().unwrap()
+    }
+
+    /// An entry of this handle is about to use a lease of `len`: its session is renewed
+    /// from now on.
+    pub(crate) fn use_lease(&self, len: Duration) {
+        self.lock().leases.insert(len.as_millis() as u64);
+    }
+
+    /// The sessions of this handle, with their leases in ms: `(id, lease)`.
+    pub(crate) fn sessions(&self) -> Vec<(String, u64)> {
+        self.lock()
+            .leases
+            .iter()
+            .map(|&ms| (crate::scripts::session_id(&self.channel_id, ms), ms))
+            .collect()
+    }
+
+    /// Ends this handle's sessions in Redis in the background (each only if no entry is left
+    /// in it): the handle is gone.
+    pub(crate) fn end_sessions(&self) {
+        let sessions = self.sessions().into_iter().map(|(sid, _)| sid).collect();
+        self.releaser.send(super::releaser::Job::EndSessions {
+            remote: self.remote.clone(),
+            sessions,
+        });
+    }
+
+    /// Detaches the holder `id` in Redis in the background: it leaves this handle's session
+    /// and expires with the lease it has.
+    pub(crate) fn detach_in_background(&self, id: String) {
+        self.releaser.send(super::releaser::Job::Detach {
+            remote: self.remote.clone(),
+            id,
+        });
     }
 
     /// Removes `id` from Redis in the background (idempotent).

@@ -151,17 +151,36 @@ pub(crate) async fn acquire(
     reply::acquire(&v, batch.len())
 }
 
-/// Renews (never re-creates) the listed entries. Returns the time to the nearest lease expiry,
-/// one state per id, and the free permits and limit seen.
-pub(crate) async fn renew(conn: &mut Conn, t: &Target<'_>, ids: &[&str]) -> CallResult<Renewal> {
+/// A session to renew: its id (`<channel id>~<lease ms>`) and lease in ms.
+pub(crate) type Session<'a> = (&'a str, u64);
+
+/// The id of the session of the client handle `channel_id` for leases of `lease_ms`.
+pub(crate) fn session_id(channel_id: &str, lease_ms: u64) -> String {
+    format!("{channel_id}~{lease_ms}")
+}
+
+/// Renews the listed sessions (whose entries live on with them) and checks the listed
+/// entries (never re-creates one). Returns the time to the nearest lease expiry, one state
+/// per id, the free permits and limit seen, which sessions had a lease, the head of the
+/// queue and the sessions' entries that someone else removed.
+pub(crate) async fn renew(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    sessions: &[Session<'_>],
+    ids: &[&str],
+) -> CallResult<Renewal> {
     let v = RENEW
         .run(conn, t, |inv| {
+            inv.arg(sessions.len());
+            for (sid, ms) in sessions {
+                inv.arg(*sid).arg(*ms);
+            }
             for id in ids {
                 inv.arg(*id);
             }
         })
         .await?;
-    reply::renew(&v, ids.len())
+    reply::renew(&v, sessions.len(), ids.len())
 }
 
 /// Sets the lease of the holder `id` to `lease_ms` and extends it by that much from now
@@ -190,6 +209,7 @@ pub(crate) type SyncedRenewal = (Renewal, u32);
 pub(crate) async fn renew_and_wait(
     conn: &mut Conn,
     t: &Target<'_>,
+    sessions: &[Session<'_>],
     ids: &[&str],
     replicas: u32,
     timeout: std::time::Duration,
@@ -202,7 +222,11 @@ pub(crate) async fn renew_and_wait(
             .arg(&t.keys.all[..])
             .arg(t.limit)
             .arg(&t.keys.channel_base)
-            .arg(t.publish);
+            .arg(t.publish)
+            .arg(sessions.len());
+        for (sid, ms) in sessions {
+            evalsha.arg(*sid).arg(*ms);
+        }
         for id in ids {
             evalsha.arg(*id);
         }
@@ -227,24 +251,52 @@ pub(crate) async fn renew_and_wait(
         if let Value::ServerError(e) = acked {
             return Err(CallError::Redis(e.clone().into()));
         }
-        let renewal = reply::renew(renewed, ids.len())?;
+        let renewal = reply::renew(renewed, sessions.len(), ids.len())?;
         return Ok((renewal, reply::integer(acked)?.max(0) as u32));
     }
     unreachable!("the second attempt returns")
 }
 
-/// Removes holders or queued waiters (idempotent). `force` marks an operator's release.
-/// Returns how many existed.
+/// What one `release.lua` call does: remove `ids` (holders or queued waiters), detach the
+/// holders `detach` (they leave their session for one nobody renews), end the sessions `end`
+/// that have no entry left.
+#[derive(Default)]
+pub(crate) struct Removal<'a> {
+    pub(crate) ids: &'a [&'a str],
+    pub(crate) detach: &'a [&'a str],
+    pub(crate) end: &'a [&'a str],
+}
+
+impl<'a> Removal<'a> {
+    /// Removes `ids`, nothing else.
+    pub(crate) fn of(ids: &'a [&'a str]) -> Removal<'a> {
+        Removal {
+            ids,
+            ..Removal::default()
+        }
+    }
+}
+
+/// Runs a [`Removal`] (idempotent). `force` marks an operator's release. Returns how many of
+/// the ids to remove existed.
 pub(crate) async fn release(
     conn: &mut Conn,
     t: &Target<'_>,
-    ids: &[&str],
+    r: &Removal<'_>,
     force: bool,
 ) -> CallResult<u64> {
     let v = RELEASE
         .run(conn, t, |inv| {
-            inv.arg(if force { "1" } else { "0" });
-            for id in ids {
+            inv.arg(if force { "1" } else { "0" })
+                .arg(r.end.len())
+                .arg(r.detach.len());
+            for sid in r.end {
+                inv.arg(*sid);
+            }
+            for id in r.detach {
+                inv.arg(*id);
+            }
+            for id in r.ids {
                 inv.arg(*id);
             }
         })
@@ -365,7 +417,7 @@ pub(crate) async fn force_release_existing(
 ) -> CallResult<Option<u64>> {
     let v = RELEASE_EXISTING
         .run(conn, &existing(keys, publish), |inv| {
-            inv.arg("1").arg(id);
+            inv.arg("1").arg(0).arg(0).arg(id);
         })
         .await?;
     unless_nil(v, |v| Ok(reply::integer(&v)? as u64))

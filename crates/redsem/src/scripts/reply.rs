@@ -78,7 +78,7 @@ pub(crate) enum EntryState {
     Gone,
 }
 
-pub(super) fn renew(v: &Value, ids: usize) -> CallResult<Renewal> {
+pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewal> {
     let items = array(v)?;
     let next = expiry(int(items.first())?);
     let states = array(items.get(1).ok_or_else(|| unexpected(v))?)?
@@ -95,10 +95,25 @@ pub(super) fn renew(v: &Value, ids: usize) -> CallResult<Renewal> {
         )),
         _ => None,
     };
+    let had_lease = array(items.get(4).ok_or_else(|| unexpected(v))?)?
+        .iter()
+        .map(|f| int(Some(f)).map(|f| f == 1))
+        .collect::<CallResult<Vec<_>>>()?;
+    if had_lease.len() != sessions {
+        return Err(unexpected(v));
+    }
+    let head = int(items.get(5))?;
+    let removed = array(items.get(6).ok_or_else(|| unexpected(v))?)?
+        .iter()
+        .map(|id| string(Some(id)))
+        .collect::<CallResult<Vec<_>>>()?;
     Ok(Renewal {
         next_expiry: next,
         states,
         seen,
+        had_lease,
+        head: u64::try_from(head).ok(),
+        removed,
     })
 }
 
@@ -110,6 +125,14 @@ pub(crate) struct Renewal {
     pub(crate) states: Vec<EntryState>,
     /// `(free permits, stored limit)` at the time of the call.
     pub(crate) seen: Option<(u32, u32)>,
+    /// One flag per session sent: it had a lease (`false`: it had expired, and its entries
+    /// were reaped, or it was never used; its lease starts now).
+    pub(crate) had_lease: Vec<bool>,
+    /// The ticket at the head of the queue (`None`: nobody waits). A waiter with a lower
+    /// ticket was granted or removed meanwhile.
+    pub(crate) head: Option<u64>,
+    /// Entries of the sessions sent that someone else removed since their last renewal.
+    pub(crate) removed: Vec<String>,
 }
 
 /// Two integers: `{a, b}`.

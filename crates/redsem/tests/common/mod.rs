@@ -38,18 +38,44 @@ fn key(name: &str, suffix: &str) -> String {
 pub fn card(server: &Server, name: &str, suffix: &str) -> i64 {
     let k = key(name, suffix);
     let cmd = match suffix {
-        "queue" | "exp" | "free" => "ZCARD",
+        "queue" | "exp" | "free" | "own" => "ZCARD",
         _ => "HLEN",
     };
     server.cmd(&[cmd, &k]).as_int().unwrap()
 }
 
-/// Holders, waiters, leases and records left for the semaphore `name`.
+/// Entries in the session index of semaphore `name` (`<session>|<id>`; not its `#` marker,
+/// nor the `<session>|!<id>` notes of entries removed by someone else).
+pub fn indexed(server: &Server, name: &str) -> i64 {
+    const LIVE: &str = "local n = 0 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do \
+        local bar = string.find(m, '|', 1, true) \
+        if bar and string.sub(m, bar + 1, bar + 1) ~= '!' then n = n + 1 end end return n";
+    server
+        .cmd(&["EVAL", LIVE, "1", &key(name, "own")])
+        .as_int()
+        .unwrap()
+}
+
+/// The session (`<channel id>~<lease ms>`) the entry `id` of semaphore `name` belongs to, as
+/// the index says.
+pub fn session_of(server: &Server, name: &str, id: &str) -> String {
+    let members = server.cmd(&["ZRANGE", &key(name, "own"), "0", "-1"]);
+    let Reply::Array(members) = members else {
+        panic!("{members:?}")
+    };
+    members
+        .iter()
+        .filter_map(|m| m.as_str())
+        .find_map(|m| m.strip_suffix(&format!("|{id}")).map(str::to_owned))
+        .unwrap_or_else(|| panic!("{id} is not in the index of {name}"))
+}
+
+/// Holders, waiters, indexed entries and records left for the semaphore `name`.
 pub fn entries(server: &Server, name: &str) -> [i64; 4] {
     [
         card(server, name, "slots"),
         card(server, name, "queue"),
-        card(server, name, "exp"),
+        indexed(server, name),
         card(server, name, "meta"),
     ]
 }
@@ -64,7 +90,7 @@ pub async fn assert_nothing_left(server: &Server, name: &str) {
         }
         if tokio::time::Instant::now() > deadline {
             panic!(
-                "semaphore {name} left entries in Redis (slots, queue, leases, records) = {e:?}"
+                "semaphore {name} left entries in Redis (slots, queue, indexed, records) = {e:?}"
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
