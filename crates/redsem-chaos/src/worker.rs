@@ -483,6 +483,7 @@ fn reason_name(r: redsem::LostReason) -> &'static str {
     match r {
         redsem::LostReason::NotHolder => "NotHolder",
         redsem::LostReason::Unreachable => "Unreachable",
+        redsem::LostReason::Refused => "Refused",
         _ => "Other",
     }
 }

@@ -9,8 +9,8 @@ use common::*;
 /// shows it, and that every permission in it is needed).
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
-+time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hincrby +hvals +hgetall +info +pttl \
-+zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zremrangebylex +zscore +zpopmin \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hvals +hgetall +info +pttl \
++zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +cluster|slots +role +wait";
 
 fn without(cmd: &str) -> String {

@@ -17,6 +17,11 @@ pub enum LostReason {
     /// The client was shut down ([`Client::shutdown`](crate::Client::shutdown)) while the
     /// permit was held: its entry was released.
     Shutdown,
+    /// Redis refused the renewal for lack of permission (an ACL rule without a command the
+    /// renewal script needs; see the warning logged and the crate's `guide`, "Security"):
+    /// no renewal can succeed, so the permit is given up at once. Pending acquisitions of the
+    /// handle fail with [`Error::NoPermission`].
+    Refused,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -54,6 +59,7 @@ impl fmt::Display for LostReason {
                 "renewals failed until the lease could have expired (Redis unreachable or slow)"
             }
             LostReason::Shutdown => "the client was shut down (Client::shutdown) while it was held",
+            LostReason::Refused => "Redis refused the renewal for lack of permission (ACL)",
         })
     }
 }

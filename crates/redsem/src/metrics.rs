@@ -162,6 +162,7 @@ mod imp {
             LostReason::NotHolder => "not_holder",
             LostReason::Unreachable => "unreachable",
             LostReason::Shutdown => "shutdown",
+            LostReason::Refused => "refused",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

@@ -270,6 +270,7 @@ impl Handle {
                 }
                 // armed: dropping `pending` removes the entry from Redis
                 Ok(Outcome::Closed) => return Err(Error::closed(self.name())),
+                Ok(Outcome::Refused(detail)) => return Err(Error::NoPermission(detail)),
                 // The ticket vanished (paused past its lease, or Redis lost its data):
                 // queue again, at the back.
                 Ok(Outcome::Lost) | Err(_) => {

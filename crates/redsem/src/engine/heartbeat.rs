@@ -35,7 +35,7 @@ use tracing::Instrument;
 use super::lease::{LeaseState, Timing};
 use super::remote::Remote;
 use super::table::{Entries, Outcome, Table};
-use crate::error::LostReason;
+use crate::error::{CallError, LostReason};
 use crate::scripts::{self, Conn, EntryState, Session};
 
 /// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
@@ -461,6 +461,21 @@ async fn renew_call(
                 ok: replicated,
                 poked,
             }
+        }
+        Ok(Err(CallError::Denied(detail))) => {
+            // no renewal can succeed: give up the permits now, and fail the waiters with the
+            // refusal (retried later all the same: the rule may be fixed meanwhile)
+            tracing::error!(semaphore = %hb.name(), error = %detail, "Redis refused the renewal");
+            hb.schedule.lock().unwrap().failed(now, &hb.timing);
+            let holders: Vec<Holder> = hb.table.lock().holders();
+            for (id, lease) in holders {
+                lose(hb, &id, &lease, LostReason::Refused);
+            }
+            let waiters: Vec<Arc<str>> = hb.table.lock().waiters.keys().cloned().collect();
+            for id in waiters {
+                hb.table.deliver(&id, Outcome::Refused(detail.clone()));
+            }
+            Call { ok: false, poked }
         }
         Ok(Err(e)) => {
             tracing::warn!(semaphore = %hb.name(), error = %e, "heartbeat failed; retrying");

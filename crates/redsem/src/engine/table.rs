@@ -28,6 +28,8 @@ pub(crate) enum Outcome {
     Lost,
     /// The handle was closed ([`Semaphore::close`](crate::Semaphore::close)).
     Closed,
+    /// Redis refused a renewal for lack of permission: what it refused, in redsem's words.
+    Refused(String),
 }
 
 /// One pending acquire.

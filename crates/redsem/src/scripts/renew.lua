@@ -32,10 +32,10 @@ for j = 0, k - 1 do
     rare().restore_sessions(now)
     restored = true
   end
-  local lo, hi = '[' .. sid .. '|!', '[' .. sid .. '|!\255'
-  local tombs = redis.call('ZRANGEBYLEX', K_OWN, lo, hi)
+  local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
+    'LIMIT', 0, 512)
   if #tombs > 0 then
-    redis.call('ZREMRANGEBYLEX', K_OWN, lo, hi)
+    redis.call('ZREM', K_OWN, unpack(tombs))
     for _, t in ipairs(tombs) do removed[#removed + 1] = string.sub(t, #sid + 3) end
   end
 end
