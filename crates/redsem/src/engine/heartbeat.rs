@@ -407,7 +407,12 @@ async fn renew_call(
                 hb.remote.set_limit(limit);
             }
             tracing::debug!(parent: &span, replicated, "renewed");
-            let every_lease_held = renewal.had_lease.iter().all(|&h| h);
+            // the waiters' session (the handle's lease) kept its lease: they are renewed
+            let wait_ms = hb.timing.lease.as_millis() as u64;
+            let waiters_kept = sessions
+                .iter()
+                .zip(&renewal.had_lease)
+                .any(|((_, ms), &had)| *ms == wait_ms && had);
             {
                 let mut schedule = hb.schedule.lock().unwrap();
                 if replicated {
@@ -417,12 +422,12 @@ async fn renew_call(
                     schedule.failed(now, &hb.timing);
                 }
                 schedule.doubt_below = renewal.head.unwrap_or(u64::MAX);
-                if !every_lease_held {
-                    // a session had expired: its waiters may have been reaped
+                if !sessions.is_empty() && !waiters_kept {
+                    // the waiters' session had expired: they may have been reaped
                     schedule.check_all = true;
                 }
             }
-            if replicated && !sessions.is_empty() && every_lease_held {
+            if replicated && waiters_kept {
                 hb.table.lock().waiters_renewed(sent);
             }
             let (h_states, w_states) = renewal.states.split_at(holders.len());
