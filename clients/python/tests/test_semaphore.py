@@ -228,7 +228,9 @@ def test_a_killed_holders_slot_is_back_within_one_lease(server, name):
     try:
         assert holder.stdout.readline().startswith("held")
         admin = redis.Redis.from_url(server.url)
-        killed_generation = int(admin.hget(f"redsem:{{{name}}}:fence", "0"))
+        # the generation of the latest grant (protocol 3 keeps it in cfg, not per slot)
+        killed_generation = int(admin.hget(f"redsem:{{{name}}}:cfg", "gen"))
+        assert admin.exists(f"redsem:{{{name}}}:fence") == 0
         admin.close()
         holder.kill()
         holder.wait()
@@ -385,7 +387,7 @@ def test_waiters_keep_their_tickets_while_renewals_run_concurrently(server, name
 def test_a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant(server, name):
     """Redis loses a grant while the entry waited there (a failover to a replica that missed
     it) and grants the same id afresh: the permit of the lost grant is lost, not renewed."""
-    keys = ["cfg", "queue", "exp", "meta", "slots", "free", "fence"]
+    keys = ["cfg", "queue", "exp", "meta", "slots", "free", "own"]
     r = redis.Redis(port=server.port)
 
     def copy(src, dst):
@@ -434,4 +436,133 @@ def test_an_evicting_maxmemory_policy_is_refused_unless_allowed(own_server, name
             with pytest.raises(redsem.EvictingPolicy) as err:
                 await c.semaphore(name, limit=1)
             assert f"redsem:{{{name}}}:cfg" in str(err.value)
+    run(main())
+
+
+async def enqueue(sem, **kwargs):
+    """Starts `sem.acquire(**kwargs)` and waits until Redis queued it; returns its task."""
+    before = len((await sem.stats()).waiters)
+    task = asyncio.ensure_future(sem.acquire(**kwargs))
+    await until(lambda: _n_waiting(sem, before + 1))
+    return task
+
+
+def spy_renewals(client):
+    """Records every `renew.lua` call made through `client`: `(sessions, ids)` each, sessions
+    as `(session id, lease ms)` pairs and ids as the entries it checks."""
+    calls = []
+    call = client._call
+
+    async def spy(script, keys, limit, args, **kwargs):
+        if script == "renew":
+            k = int(args[0])
+            sessions = [(str(args[1 + 2 * i]), int(args[2 + 2 * i])) for i in range(k)]
+            calls.append((sessions, [str(a) for a in args[1 + 2 * k:]]))
+        return await call(script, keys, limit, args, **kwargs)
+
+    client._call = spy
+    return calls
+
+
+def test_a_queued_waiter_lives_on_its_sessions_renewals_without_being_checked_each_time(server, name):
+    async def main():
+        async with redsem.Client.from_url(server.url) as holding, redsem.Client.from_url(server.url) as waiting:
+            held = await (await holding.semaphore(name, limit=1, lease=0.6)).acquire()
+            sem = await waiting.semaphore(name, limit=1, lease=0.6, renew_every=0.05)
+            calls = spy_renewals(waiting)
+            task = await enqueue(sem, timeout=30)
+            (w,) = (await sem.stats()).waiters
+            await asyncio.sleep(1.5)  # more than two leases: only renewals keep the waiter alive
+            st = await sem.stats()
+            assert [(x.id, x.ticket) for x in st.waiters] == [(w.id, w.ticket)]
+            assert st.expired_total == 0, "the waiter's session lease was renewed"
+            renewals = [(s, ids) for s, ids in calls if s]
+            assert len(renewals) >= 10, renewals
+            session = f"{sem._suffix}~600"
+            assert all(s == [(session, 600)] for s, _ in renewals), renewals
+            assert not [ids for _, ids in calls if w.id in ids], "the waiter was checked one by one"
+            await held.release()
+            p = await task  # by its notification
+            assert p.holder_id == w.id and p.ticket == w.ticket
+            await p.release()
+    run(main())
+
+
+def test_a_waiter_whose_grant_notice_was_lost_is_granted_by_the_head_of_queue_rule(server, name, monkeypatch):
+    monkeypatch.setattr(redsem._protocol, "parse_notices", lambda payload: [])  # every notice is lost
+
+    async def main():
+        async with redsem.Client.from_url(server.url) as holding, redsem.Client.from_url(server.url) as waiting:
+            held = await (await holding.semaphore(name, limit=1, lease=3.0)).acquire()
+            sem = await waiting.semaphore(name, limit=1, lease=3.0, renew_every=0.1)
+            calls = spy_renewals(waiting)
+            first, second = await enqueue(sem, timeout=30), await enqueue(sem, timeout=30)
+            w1, w2 = (await sem.stats()).waiters
+            await asyncio.sleep(0.3)
+            assert not [ids for _, ids in calls if ids], "nobody in doubt while both wait"
+
+            await held.release()  # grants w1 in Redis; its notice is lost
+            released = time.monotonic()
+            p1 = await first
+            assert time.monotonic() - released < 5
+            assert (p1.holder_id, p1.ticket) == (w1.id, w1.ticket)
+            # found by a check right after a renewal whose head of the queue (w2's ticket)
+            # was above w1's ticket: a check without sessions, that left w2 alone
+            checks = [(s, ids) for s, ids in calls if w1.id in ids]
+            assert checks and all(s == [] and w2.id not in ids for s, ids in checks), checks
+            assert not second.done()
+
+            calls.clear()
+            await p1.release()  # grants w2, its notice lost too: now nobody waits (head -1)
+            p2 = await second
+            assert (p2.holder_id, p2.ticket) == (w2.id, w2.ticket)
+            checks = [(s, ids) for s, ids in calls if w2.id in ids]
+            assert checks and all(s == [] for s, _ in checks), checks
+            await p2.release()
+            st = await sem.stats()
+            assert (st.in_use, st.waiters, st.expired_total) == (0, [], 0)
+    run(main())
+
+
+def test_a_waiter_removed_by_an_operator_learns_it_from_its_sessions_renewal(server, name, caplog):
+    async def main():
+        async with redsem.Client.from_url(server.url) as c:
+            sem = await c.semaphore(name, limit=1, lease=3.0, renew_every=0.1)
+            held = await sem.acquire()
+            calls = spy_renewals(c)
+            first, second = await enqueue(sem, timeout=30), await enqueue(sem, timeout=30)
+            w1, w2 = (await sem.stats()).waiters
+            # the head of the queue stays w1's ticket: only the renewal's list of removed
+            # entries tells that w2 is gone (a forced release sends no notice)
+            assert await c.force_release(name, w2.id)
+            await until(lambda: _n_waiting(sem, 2))
+            st = await sem.stats()
+            assert [x.ticket for x in st.waiters] == [w1.ticket, w2.ticket + 1], "w2 queued again, at the back"
+            assert not [ids for _, ids in calls if w2.id in ids], "learnt without a check"
+            await held.release()
+            for t in (first, second):
+                await (await t).release()
+
+    with caplog.at_level("INFO", logger="redsem"):
+        run(main())
+    assert [r for r in caplog.records if "vanished" in r.getMessage()]
+
+
+def test_closing_a_handle_removes_its_entries_and_ends_its_sessions(server, name):
+    async def main():
+        async with redsem.Client.from_url(server.url) as c:
+            sem = await c.semaphore(name, limit=1, lease=5.0)
+            other = await c.semaphore(name, limit=1, lease=5.0)
+            await sem.acquire()
+            waiting = asyncio.ensure_future(sem.acquire())
+            await until(lambda: _n_waiting(sem, 1))
+            assert await c.redis.zrange(f"redsem:{{{name}}}:exp", 0, -1) == [f"{sem._suffix}~5000".encode()]
+            await sem.close()
+            with pytest.raises(redsem.Closed):
+                await waiting
+            await c.flush()
+            st = await other.stats()
+            assert (st.in_use, st.waiters, st.expired_total) == (0, [], 0)
+            assert await c.redis.zcard(f"redsem:{{{name}}}:exp") == 0, "its session ended"
+            assert await c.redis.zrange(f"redsem:{{{name}}}:own", 0, -1) == [b"#"], "nothing indexed"
     run(main())

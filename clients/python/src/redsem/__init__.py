@@ -40,7 +40,7 @@ from .permit import AcquireContext, Fence, Permit
 from .semaphore import Semaphore
 from .stats import HolderInfo, Stats, WaiterInfo
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "PROTOCOL",

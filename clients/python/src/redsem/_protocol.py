@@ -1,4 +1,4 @@
-"""Everything specific to the redsem protocol, in one place (docs/PROTOCOL.md, version 2).
+"""Everything specific to the redsem protocol, in one place (docs/PROTOCOL.md, version 3).
 
 Key names, the protocol version, the channel and id shapes, how each script's source is
 built and its arguments laid out, and how replies and notifications are parsed. The rest of
@@ -16,13 +16,15 @@ from importlib import resources
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 #: The protocol version these scripts and this module speak (`ver` in a semaphore's `cfg`).
-PROTOCOL = 2
+PROTOCOL = 3
 
 #: Key prefix used when none is given (the Rust crate's `DEFAULT_PREFIX`).
 DEFAULT_PREFIX = "redsem"
 
 #: The seven keys of a semaphore, in the order every script takes them as KEYS.
-KEY_SUFFIXES = ("cfg", "queue", "exp", "meta", "slots", "free", "fence")
+#: `exp` holds the leases of sessions (one per client handle and lease length), not of
+#: entries; `own` indexes each session's entries. Fence generations live in `cfg` (`gen`).
+KEY_SUFFIXES = ("cfg", "queue", "exp", "meta", "slots", "free", "own")
 
 #: Largest limit a semaphore may have.
 MAX_LIMIT = 100_000
@@ -46,7 +48,7 @@ OPERATOR_GUARD = "if redis.call('EXISTS', K_CFG) == 0 then return false end"
 #: Error code of a script refusing a semaphore of another protocol version.
 PROTOCOL_ERROR = "REDSEM_PROTOCOL"
 
-#: Most waiters renewed by one `renew.lua` call (as the Rust crate): more go in further calls.
+#: Most waiters checked by one `renew.lua` call (as the Rust crate): more go in further calls.
 WAITERS_PER_CALL = 512
 
 
@@ -105,6 +107,13 @@ def channel_suffix(client_id: str, handle: int) -> str:
     return f"{client_id}.{handle}"
 
 
+def session_id(suffix: str, lease_ms: int) -> str:
+    """The session of the handle whose channel suffix is `suffix`, for leases of `lease_ms`:
+    `<suffix>~<lease ms>`. A waiter belongs to the session of its waiter lease, a holder to
+    that of its holder lease; the handle renews its sessions, not its entries."""
+    return f"{suffix}~{int(lease_ms)}"
+
+
 def new_entry_id(suffix: str) -> str:
     """A fresh entry id for one acquisition: `<suffix>-<12 hex chars>` (no `:;,` or spaces)."""
     return f"{suffix}-{secrets.token_hex(6)}"
@@ -155,14 +164,23 @@ def acquire_args(requests: Sequence[Request]) -> List[Any]:
     return out
 
 
-def renew_args(ids: Iterable[str]) -> List[Any]:
-    """ARGV 4.. of `renew.lua`: the ids to keep."""
-    return list(ids)
+def renew_args(sessions: Sequence[Tuple[str, int]], ids: Iterable[str]) -> List[Any]:
+    """ARGV 4.. of `renew.lua`: the number of sessions, each session's id and lease (ms),
+    then the ids of the entries to check (they are not renewed one by one: their sessions
+    are)."""
+    out: List[Any] = [len(sessions)]
+    for sid, lease_ms in sessions:
+        out += [sid, int(lease_ms)]
+    out += list(ids)
+    return out
 
 
-def release_args(ids: Iterable[str], force: bool = False) -> List[Any]:
-    """ARGV 4.. of `release.lua`: the force flag, then the ids."""
-    return ["1" if force else "0", *ids]
+def release_args(ids: Iterable[str], force: bool = False, end: Sequence[str] = (),
+                 detach: Sequence[str] = ()) -> List[Any]:
+    """ARGV 4.. of `release.lua`: the force flag, the number of sessions to end (each ends
+    only once it has no entry left), the number of holders to detach, then the sessions,
+    the holders to detach and the ids to remove."""
+    return ["1" if force else "0", len(end), len(detach), *end, *detach, *ids]
 
 
 def resize_args(limit: int) -> List[Any]:
@@ -253,15 +271,44 @@ def parse_acquire(reply: Sequence[Any]) -> List[AcquireReply]:
     return out
 
 
-def parse_renew(reply: Sequence[Any]) -> Tuple[int, List[EntryState]]:
-    """`(next_expiry_ms, states)` of one `renew.lua` call, one state per id sent (the free
-    permits and the limit that follow are not used here)."""
-    next_expiry, states = reply[0], reply[1]
+@dataclass(frozen=True)
+class Renewal:
+    """The reply of one `renew.lua` call."""
+
+    #: Until the nearest session lease expiry in Redis, ms (-1: none).
+    next_expiry_ms: int
+    #: One per id sent, in order.
+    states: List[EntryState]
+    #: The permits free and the stored limit at the time of the call.
+    free: int
+    limit: int
+    #: One flag per session sent: it had a lease (False: it had expired and its entries were
+    #: reaped, or it was never used; its lease starts now).
+    had_lease: List[bool]
+    #: The ticket at the head of the queue (None: nobody waits). A waiter with a lower
+    #: ticket was granted or removed meanwhile.
+    head: Optional[int]
+    #: Entries of the sessions sent that someone else removed since their last renewal (an
+    #: operator's release, a rejection after the limit shrank).
+    removed: List[str]
+
+
+def parse_renew(reply: Sequence[Any], sessions: int, ids: int) -> Renewal:
+    """One `renew.lua` reply for `sessions` sessions and `ids` ids:
+    `{next_expiry_ms, states, free, limit, sessions, head, removed}`."""
+    if len(reply) < 7:
+        raise ValueError(f"unreadable renew reply {reply!r}")
+    next_expiry, states, free, limit, flags, head, removed = reply[:7]
     out: List[EntryState] = []
     for s in states:
         kind = int(s[0])
         out.append(_held(s) if kind == 1 else Waiting() if kind == 0 else Gone())
-    return int(next_expiry), out
+    had_lease = [int(f) == 1 for f in (flags or [])]
+    if len(out) != ids or len(had_lease) != sessions:
+        raise ValueError(f"renew reply for {sessions} sessions and {ids} ids: {reply!r}")
+    head = int(head)
+    return Renewal(int(next_expiry), out, int(free), int(limit), had_lease,
+                   head if head >= 0 else None, [_str(r) for r in (removed or [])])
 
 
 def parse_open(reply: Sequence[Any]) -> Tuple[int, bool]:

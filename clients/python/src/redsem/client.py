@@ -119,8 +119,8 @@ class Client:
     async def force_release(self, name: str, holder_id: str) -> bool:
         """An operator's release of a holder (or waiter) of `name`: its permits go to the queue
         at once, and the slots' next holders get higher fences. The evicted holder finds its
-        permit lost at its next renewal. Returns whether the id existed; `UnknownSemaphore` if `name`
-        does not exist."""
+        permit lost at its next renewal (an evicted waiter queues again, at the back). Returns
+        whether the id existed; `UnknownSemaphore` if `name` does not exist."""
         keys = self._keys(name)
         removed = await self._call("release", keys, 1, _protocol.release_args([holder_id], force=True),
                                    name=name, operator=True)

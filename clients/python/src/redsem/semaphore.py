@@ -4,10 +4,15 @@ and its heartbeat (two asyncio tasks), as docs/PROTOCOL.md "What a client must d
 - The listener reads the handle's own channel and delivers grants (`g:`) and rejections
   (`x:`) to the waiting acquires; after the subscriber reconnects it makes the heartbeat
   re-check every waiter (notifications are at-most-once).
-- The heartbeat renews every holder and waiter of the handle in one `renew.lua` call: every
-  renewal interval while anything is held or queued, at least every fallback interval while
-  anything waits (finding grants whose notification was lost), and once the nearest lease in
-  Redis is due to expire (so a crashed holder's slot is taken over without delay).
+- The heartbeat renews the handle's session (protocol 3: one lease per handle and lease
+  length, which keeps every entry of the handle alive) and checks every local holder in one
+  `renew.lua` call: every renewal interval while anything is held or queued, at least every
+  fallback interval while anything waits, and once the nearest lease in Redis is due to
+  expire (so a crashed holder's slot is taken over without delay). Waiters are not listed
+  one by one: only those in doubt are checked, in a follow-up call right after the reply
+  (all of them after a reconnect of the subscriber or when the session had lost its lease;
+  otherwise those whose ticket is below the head of the queue the reply reports: they were
+  granted, or removed, and their notification was lost).
 - A holder whose lease was not confirmed by `the confirmed renewal before the last + lease -
   margin` (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even
   while a renewal call hangs (counting from the renewal before the last covers a failover
@@ -20,7 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _protocol
 from .errors import (
@@ -58,9 +63,13 @@ class _Waiter:
     #: The confirmation before `renewed_at`: what a granted waiter's deadline counts from
     #: (docs/PROTOCOL.md rule 4).
     trusted_from: float = field(default_factory=time.monotonic)
-    #: Set once `acquire.lua` answered "queued": only then does the heartbeat renew it (a
-    #: renewal that reached Redis before the acquire would find it "gone").
-    queued: bool = False
+    #: The ticket `acquire.lua` answered "queued" with: only then may the heartbeat check
+    #: it (a check that reached Redis before the acquire would find it "gone").
+    ticket: Optional[int] = None
+
+    @property
+    def queued(self) -> bool:
+        return self.ticket is not None
 
     def confirm(self, sent: float) -> None:
         """A call sent at `sent` confirmed the waiter (an older call answering late is ignored)."""
@@ -112,6 +121,14 @@ class Semaphore:
         self._force = False
         self._next_check: Optional[float] = None
         self._waiters_checked_at = time.monotonic()
+        #: Check every queued waiter at the next heartbeat (a reconnect, a session that had
+        #: lost its lease, a failed renewal).
+        self._check_all = False
+        #: The head of the queue at the last renewal: a waiter with a lower ticket was
+        #: granted or removed meanwhile, and is checked (infinite: nobody was waiting).
+        self._doubt_below: float = 0
+        #: Every lease length (ms) this handle's entries use: one session each in Redis.
+        self._leases = {self._lease_ms}
         self._retry_at: Optional[float] = None
         self._beat_task: Optional[asyncio.Task] = None
         self._tasks: List[asyncio.Task] = []
@@ -178,25 +195,28 @@ class Semaphore:
                 pass
 
     async def close(self) -> None:
-        """Stops the handle: pending acquires fail with `Closed`, held permits are released
-        (and marked lost: nothing renews them any more). Idempotent."""
+        """Stops the handle: pending acquires fail with `Closed` (their tickets are given up),
+        held permits are released (and marked lost: nothing renews them any more), and the
+        handle's session ends in Redis. Idempotent."""
         if self._closed:
             return
         self._closed = True
         for t in self._tasks + ([self._beat_task] if self._beat_task else []):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for id, w in list(self._waiters.items()):
+        waiters = list(self._waiters.items())
+        self._waiters.clear()
+        for id, w in waiters:
             if not w.future.done():
                 w.future.set_exception(Closed())
-        self._waiters.clear()
         holders = list(self._holders.values())
         self._holders.clear()
         for p in holders:
             p._lose(CLOSED)
             p._released = True
-        if holders:
-            self._release_later([p.holder_id for p in holders])
+        # one call: remove what is left of the handle's entries (the waiters' tickets too),
+        # then end its sessions (each only once no entry is left in it)
+        self._release_later([p.holder_id for p in holders] + [id for id, _ in waiters], end=self._session_ids())
         await self._close_pubsub()
         if self in self._client._semaphores:
             self._client._semaphores.remove(self)
@@ -212,12 +232,20 @@ class Semaphore:
     async def _call(self, script: str, args: List[Any]) -> Any:
         return await self._client._call(script, self._keys, self.limit, args, name=self.name)
 
-    def _release_later(self, ids: List[str]) -> None:
+    def _sessions(self) -> List[Tuple[str, int]]:
+        """The sessions of this handle, with their leases in ms."""
+        return [(_protocol.session_id(self._suffix, ms), ms) for ms in sorted(self._leases)]
+
+    def _session_ids(self) -> List[str]:
+        return [sid for sid, _ in self._sessions()]
+
+    def _release_later(self, ids: List[str], end: Sequence[str] = ()) -> None:
+        """Removes `ids` (and ends the sessions `end`) in the background."""
         async def release() -> None:
             try:
-                await self._call("release", _protocol.release_args(ids))
+                await self._call("release", _protocol.release_args(ids, end=end))
             except RedsemError as e:  # the leases expire by themselves
-                log.warning("redsem: release of %s failed (%s); the lease will expire", ids, e)
+                log.warning("redsem: release of %s failed (%s); the lease will expire", ids or end, e)
 
         self._client._spawn(release())
 
@@ -288,7 +316,7 @@ class Semaphore:
                     if not any(other.queued for other in self._waiters.values()):
                         self._waiters_checked_at = sent  # the first queued waiter: poll from now
                     w.confirm(sent)
-                    w.queued = True
+                    w.ticket = reply.ticket
                 self._expect_expiry(reply.next_expiry_ms)
                 self._poke()
             elif isinstance(reply, _protocol.Busy):
@@ -373,8 +401,10 @@ class Semaphore:
                 continue
             kind = msg["type"].decode() if isinstance(msg["type"], bytes) else msg["type"]
             if kind == "subscribe":
-                # (re)subscribed: a grant published while we were not may be lost; look now
+                # (re)subscribed: a grant published while we were not may be lost; look now,
+                # at every waiter
                 self._force = True
+                self._check_all = True
                 self._poke()
             elif kind == "message":
                 for notice in _protocol.parse_notices(msg["data"]):
@@ -440,46 +470,95 @@ class Semaphore:
                     self._retry_at = time.monotonic() + RETRY
 
     async def _beat(self) -> None:
-        """One renewal of every holder and waiter of this handle."""
+        """One renewal of every session of this handle and check of every local holder (one
+        call), then a check of the waiters in doubt, if any (one more call per
+        `WAITERS_PER_CALL` of them). A queued waiter is not listed otherwise: its session's
+        renewal keeps it alive, and its grant comes by notification."""
         holders = list(self._holders.items())
-        waiters = [id for id, w in self._waiters.items() if w.queued]
-        if not holders and not waiters:
+        if not holders and not any(w.queued for w in self._waiters.values()):
             return
-        per_call = _protocol.WAITERS_PER_CALL
-        chunks = [waiters[i:i + per_call] for i in range(0, len(waiters), per_call)] or [[]]
+        sessions = self._sessions()
+        checked: set = set()
         first_sent = time.monotonic()
-        for i, chunk in enumerate(chunks):
-            mine = holders if i == 0 else []
-            sent = time.monotonic()
-            try:
-                reply = await self._call("renew", _protocol.renew_args([h for h, _ in mine] + chunk))
-            except RedsemError as e:
-                log.warning("redsem: renewal of %s failed (%s); retrying", self.name, e)
-                self._retry_at = time.monotonic() + RETRY
-                return
-            next_expiry, states = _protocol.parse_renew(reply)
-            self._retry_at = None
-            self._next_check = None
-            self._expect_expiry(next_expiry)
-            for (id, permit), state in zip(mine, states):
-                if isinstance(state, _protocol.Held) and permit._is_grant(state.grant):
-                    permit._confirm(sent)
-                else:
-                    # gone, or granted afresh under the same id after Redis lost this grant
-                    # (a failover to a replica that missed it): not this permit's slots
-                    self._lose(permit, NOT_HOLDER)
-            for id, state in zip(chunk, states[len(mine):]):
-                if isinstance(state, _protocol.Held):
-                    self._deliver(id, state.grant, sent)
-                elif isinstance(state, _protocol.Waiting):
-                    w = self._waiters.get(id)
-                    if w is not None:
-                        w.confirm(sent)
-                else:
-                    w = self._waiters.pop(id, None)
-                    if w is not None and not w.future.done():
-                        w.future.set_result(_REQUEUE)
-        self._waiters_checked_at = first_sent
+        doubted = self._in_doubt(checked)
+        chunk = doubted[:_protocol.WAITERS_PER_CALL]
+        ok = await self._renew_call(sessions, holders, chunk)
+        checked.update(chunk)
+        # The reply may have put waiters in doubt (a head of the queue above their tickets, a
+        # session without a lease, the rest of a long list): check them now.
+        while ok:
+            doubted = self._in_doubt(checked)
+            if not doubted:
+                break
+            chunk = doubted[:_protocol.WAITERS_PER_CALL]
+            ok = await self._renew_call([], [], chunk)
+            checked.update(chunk)
+        if ok:
+            self._waiters_checked_at = first_sent
+        else:
+            self._check_all = True  # retried as a whole
+
+    def _in_doubt(self, checked: set) -> List[str]:
+        """The queued waiters a check in Redis must look at, except those in `checked`: all of
+        them after a reconnect or when a session had lost its lease, else those whose ticket
+        is below the head of the queue (granted or removed while their notification was
+        lost). Takes the "all" flag."""
+        all_, self._check_all = self._check_all, False
+        return [id for id, w in self._waiters.items()
+                if w.ticket is not None and (all_ or w.ticket < self._doubt_below) and id not in checked]
+
+    async def _renew_call(self, sessions: List[Tuple[str, int]], holders: List[Tuple[str, Permit]],
+                          waiters: List[str]) -> bool:
+        """One `renew.lua` call: renews `sessions`, checks `holders` and `waiters`, delivers
+        grants and losses. Returns whether Redis answered."""
+        sent = time.monotonic()
+        ids = [h for h, _ in holders] + waiters
+        try:
+            renewal = _protocol.parse_renew(await self._call("renew", _protocol.renew_args(sessions, ids)),
+                                            len(sessions), len(ids))
+        except (RedsemError, ValueError) as e:
+            log.warning("redsem: renewal of %s failed (%s); retrying", self.name, e)
+            self._retry_at = time.monotonic() + RETRY
+            return False
+        self._retry_at = None
+        self._next_check = None
+        self._expect_expiry(renewal.next_expiry_ms)
+        self._doubt_below = float("inf") if renewal.head is None else renewal.head
+        if not all(renewal.had_lease):
+            self._check_all = True  # a session had expired: its waiters may have been reaped
+        elif sessions:
+            # every session's lease runs from `sent` on: so does every waiter's (whose grant,
+            # if any, keeps it until it is renewed as a holder)
+            for w in self._waiters.values():
+                w.confirm(sent)
+        states = renewal.states
+        for (id, permit), state in zip(holders, states):
+            if isinstance(state, _protocol.Held) and permit._is_grant(state.grant):
+                permit._confirm(sent)
+            else:
+                # gone, or granted afresh under the same id after Redis lost this grant
+                # (a failover to a replica that missed it): not this permit's slots
+                self._lose(permit, NOT_HOLDER)
+        for id, state in zip(waiters, states[len(holders):]):
+            if isinstance(state, _protocol.Held):
+                self._deliver(id, state.grant)
+            elif isinstance(state, _protocol.Gone):
+                self._requeue(id)
+        # removed by an operator or rejected after a shrink: a holder is lost, a waiter queues
+        # again (and learns then if it can never be granted)
+        for id in renewal.removed:
+            permit = self._holders.get(id)
+            if permit is not None:
+                self._lose(permit, NOT_HOLDER)
+            else:
+                self._requeue(id)
+        return True
+
+    def _requeue(self, id: str) -> None:
+        """The ticket of waiter `id` is lost: its acquire queues again."""
+        w = self._waiters.pop(id, None)
+        if w is not None and not w.future.done():
+            w.future.set_result(_REQUEUE)
 
     # -- operators ------------------------------------------------------------------------------
 

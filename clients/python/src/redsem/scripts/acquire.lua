@@ -3,6 +3,8 @@
 -- what a client gathered while its previous call was in flight, so FIFO order is kept.
 -- ARGV (after the common header): 4 k (number of requests), then 7 values per request:
 --   id, n, holder lease ms, waiter lease ms, client channel suffix, label, mode ("wait"|"try")
+-- A waiter joins the session '<suffix>~<waiter lease>', a holder '<suffix>~<holder lease>';
+-- joining extends the session's lease to at least now + its lease.
 -- Reply: one reply per request, in order:
 --        {1, slots, fences, ticket}   granted now
 --        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
@@ -13,8 +15,11 @@
 --        handled (a snapshot for Semaphore::available_permits).
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
+CHECK.own()
 local limit = load_limit()
 settle(now, limit, false)
+local used = held_count()
+local queued = nil
 
 local function one(id, n, lease, wait_lease, channel, label, mode)
   if n > limit then return { -2, limit } end
@@ -25,18 +30,25 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   end
   m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
   -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
-  local queued = redis.call('ZCARD', K_QUEUE) > 0
-  local fits = redis.call('HLEN', K_SLOTS) + n <= limit
+  if queued == nil then queued = redis.call('ZCARD', K_QUEUE) > 0 end
+  local fits = used + n <= limit
   if not queued and fits then
-    m.t = redis.call('HINCRBY', K_CFG, 'seq', 1)
-    if grant(id, m, now, true, limit) then return held_reply(m) end
+    m.t = next_ticket()
+    if grant(id, m, now, true, limit) then
+      used = used + n
+      return held_reply(m)
+    end
     fits = false -- the holders were more than they looked (repaired)
+    used = held_count()
   end
   if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
   -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
-  m.t = m.t or redis.call('HINCRBY', K_CFG, 'seq', 1)
+  m.t = m.t or next_ticket()
   redis.call('ZADD', K_QUEUE, m.t, id)
-  redis.call('ZADD', K_EXP, now + m.w, id)
+  queued = true
+  local sid = sess_of(m)
+  redis.call('ZADD', K_EXP, 'GT', now + m.w, sid)
+  redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
   redis.call('HSET', K_META, id, cjson.encode(m))
   return { 0, m.t, next_expiry(now) }
 end
@@ -47,6 +59,8 @@ for j = 0, tonumber(ARGV[4]) - 1 do
   replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
 end
-local free = free_now(limit)
+finish()
+local free = limit - used
+if free < 0 then free = 0 end
 for _, r in ipairs(replies) do r[#r + 1] = free end
 return replies

@@ -14,6 +14,7 @@ if not force then
   local now = now_ms()
   local limit = load_limit()
   settle(now, limit, false) -- expired entries do not count (and what they free is granted)
+  finish()
 end
 local function count(cmd, key)
   local r = redis.pcall(cmd, key)
@@ -25,5 +26,5 @@ local waiters = count('ZCARD', K_QUEUE)
 local holders = entries - waiters
 if holders < 0 then holders = 0 end
 if entries > 0 and not force then return { 0, holders, waiters } end
-redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE)
+redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN)
 return { 1, holders, waiters }

@@ -5,13 +5,12 @@
 -- makes the key evictable under a volatile-* maxmemory-policy; redsem never sets one)
 local existed = redis.call('EXISTS', K_CFG)
 -- touch every key with a read of its expected type: raises WRONGTYPE for a foreign key
-redis.call('HLEN', K_CFG); redis.call('ZCARD', K_QUEUE); redis.call('ZCARD', K_EXP)
-redis.call('HLEN', K_META); redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE)
-redis.call('HLEN', K_FENCE)
-local limit = load_limit()
+check_all()
 local now = now_ms()
-audit(limit, now)
+local limit = load_limit()
+rare().audit(limit, now)
 settle(now, limit, true)
+finish()
 local with_ttl = ''
 for _, k in ipairs(KEYS) do
   if redis.call('PTTL', k) > 0 then with_ttl = k; break end

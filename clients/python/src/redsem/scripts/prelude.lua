@@ -1,32 +1,64 @@
 -- redsem prelude: shared by every script (prepended by scripts/mod.rs).
 --
 -- KEYS (all under one hash tag, see keys.rs):
---   1 cfg    hash  limit, ver, grants, expired, seq
+--   1 cfg    hash  limit, ver, seq (last ticket), gen (last fence generation), grants, expired,
+--                  repairs
 --   2 queue  zset  waiting tickets: member = id, score = ticket number (FIFO order)
---   3 exp    zset  leases of holders AND waiters: member = id, score = expiry (ms, Redis TIME)
+--   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME)
 --   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
 --                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
 --                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
 --   5 slots  hash  slot number -> id of its holder
 --   6 free   zset  free slot numbers below the limit (member = score = slot)
---   7 fence  hash  slot number -> generation of its last grant (see next_generation)
+--   7 own    zset  the entries of each session, all scored 0 (a lexicographic index):
+--                  '<session>|<id>' for a live entry, '<session>|!<id>' for an entry removed
+--                  by someone else (an operator's release, a rejection) until its session
+--                  learns it; '#' marks the index as complete (its loss is detected by it)
+-- A session is the liveness of one client handle for one lease length: '<c>~<lease ms>'. A
+-- waiter belongs to the session '<c>~<w>', a holder to '<c>~<l>'. The client renews its
+-- sessions, not its entries; when a session's lease passes, all its entries are reaped.
 -- ARGV (common header):
 --   1 limit used only when cfg does not exist (first open, or data loss)
 --   2 channel base: a grant for a waiter whose client channel suffix is c is published on base..c
 --   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
-local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_FENCE =
+local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local CH_BASE, PUB = ARGV[2], ARGV[3]
 local CREATED = false -- set when this call had to (re)create the configuration
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 -- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
 -- refuses a semaphore written under another version rather than misread it.
-local PROTOCOL = 2
+local PROTOCOL = 3
+
+-- Redis TIME, read once per call: NOW_MS for leases, NOW_US for fence generations.
+local NOW_MS, NOW_US
+local function now_ms()
+  local t = redis.call('TIME')
+  NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  NOW_MS = math.floor(NOW_US / 1000)
+  return NOW_MS
+end
+
+-- A failing script writes nothing: Redis does not roll a script back, so every key a script
+-- writes is read before its first write, and a key of a foreign type fails the script with
+-- WRONGTYPE before anything was written. Each script reads what its own path does not read
+-- anyway with these (O(1)) calls; see docs/PROTOCOL.md, "Errors".
+local CHECK = {
+  queue = function() redis.call('ZCARD', K_QUEUE) end,
+  exp = function() redis.call('ZCARD', K_EXP) end,
+  slots = function() redis.call('HLEN', K_SLOTS) end,
+  free = function() redis.call('ZCARD', K_FREE) end,
+  own = function() redis.call('ZCARD', K_OWN) end,
+}
+local function check_all()
+  redis.call('HLEN', K_CFG); redis.call('HLEN', K_META)
+  for _, f in pairs(CHECK) do f() end
+end
+
+-- The counters of cfg, read by load_limit and written once by finish() (one HSET instead of
+-- one call per ticket, grant and generation).
+local SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+local CFG_DIRTY = false
 
 local function get_meta(id)
   local raw = redis.call('HGET', K_META, id)
@@ -34,238 +66,376 @@ local function get_meta(id)
   return cjson.decode(raw)
 end
 
--- Key loss (eviction, a DEL, a partial restore) is detected where a script relies on what was
--- lost, and repaired from what survives, never granting beyond the limit (docs/PROTOCOL.md,
--- "Lost keys"). Each repair counts in cfg.repairs, which stats report.
+-- The session an entry belongs to: its waiter session while queued, its holder session once
+-- granted.
+local function sess_of(m)
+  return (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
+end
+
+local function held_count()
+  return redis.call('HLEN', K_SLOTS)
+end
+
+-- The generation (fencing token) of a new grant: max(last generation + 1, Redis TIME in
+-- microseconds), the same for every slot of the grant. It goes up at every grant of the
+-- semaphore, so each slot's tokens go up and no two grants of a slot carry the same, and
+-- stays above
+-- every token issued before even when the keys were lost (FLUSHALL, a restart without
+-- persistence, a failover to a lagging replica), as long as Redis's clock has not gone
+-- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in
+-- Lua's doubles; stored and carried as a decimal string.
+local function next_generation()
+  GEN = math.max(GEN + 1, NOW_US)
+  CFG_DIRTY = true
+  return string.format('%.0f', GEN)
+end
+
+local function finish()
+  if CFG_DIRTY then
+    if EXPIRED + REPAIRS == 0 then
+      redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
+        'grants', string.format('%d', GRANTS))
+    else
+      redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
+        'grants', string.format('%d', GRANTS), 'expired', string.format('%d', EXPIRED),
+        'repairs', string.format('%d', REPAIRS))
+    end
+    CFG_DIRTY = false
+  end
+end
+
 local function corrupt(what)
+  finish()
   error({ err = 'REDSEM_CORRUPT ' .. what })
 end
 
-local function count_repair()
-  redis.call('HINCRBY', K_CFG, 'repairs', 1)
+local drop_entry -- (defined below; the reaper in rare() calls it)
+
+local function next_ticket()
+  SEQ = SEQ + 1
+  CFG_DIRTY = true
+  return SEQ
 end
 
--- Frees the slots mapped to `id`, whose record is gone (a scan of the slot map: only after a
--- loss of `meta`).
-local function free_slots_of(id, limit)
-  local all = redis.call('HGETALL', K_SLOTS)
-  local found = false
-  for i = 1, #all, 2 do
-    if all[i + 1] == id then
-      found = true
-      redis.call('HDEL', K_SLOTS, all[i])
-      local s = tonumber(all[i])
-      if s < limit then redis.call('ZADD', K_FREE, s, s) end
+-- What only a key loss, an audit or a session's expiry needs: built on first use, so that a
+-- call on the common path does not pay for creating these functions.
+local RARE = nil
+local function rare()
+  if RARE then return RARE end
+  local R = {}
+
+  -- Key loss (eviction, a DEL, a partial restore) is detected where a script relies on what
+  -- was lost, and repaired from what survives, never granting beyond the limit
+  -- (docs/PROTOCOL.md, "Lost keys"). Each repair counts in cfg.repairs, which stats report.
+  function R.count_repair()
+    REPAIRS = REPAIRS + 1
+    CFG_DIRTY = true
+  end
+
+  -- Frees the slots mapped to `id`, whose record is gone (a scan of the slot map: only after
+  -- a loss of `meta`).
+  function R.free_slots_of(id, limit)
+    local all = redis.call('HGETALL', K_SLOTS)
+    local found = false
+    for i = 1, #all, 2 do
+      if all[i + 1] == id then
+        found = true
+        redis.call('HDEL', K_SLOTS, all[i])
+        local s = tonumber(all[i])
+        if s < limit then redis.call('ZADD', K_FREE, s, s) end
+      end
+    end
+    if found then R.count_repair() end
+  end
+
+  -- A slot mapped to `id` stays mapped while `id` has a holder record, or an entry in the
+  -- index without a record (a live holder that lost its record learns it at its next
+  -- renewal and releases the slot; a crashed one is reaped with its session).
+  local function still_held(id, indexed)
+    local m = get_meta(id)
+    if m then return m.s ~= nil end
+    return indexed[id] == true
+  end
+
+  local function indexed_ids()
+    local set = {}
+    for _, mem in ipairs(redis.call('ZRANGE', K_OWN, 0, -1)) do
+      local bar = string.find(mem, '|', 1, true)
+      if bar and string.sub(mem, bar + 1, bar + 1) ~= '!' then set[string.sub(mem, bar + 1)] = true end
+    end
+    return set
+  end
+
+  -- Rebuilds the slot map and the free set from the entries' records: a slot mapped to an id
+  -- without a holder record or index entry is freed; a holder record's slots are mapped to
+  -- it again; every slot below the limit that nobody holds is free. O(limit + entries), run
+  -- only when a check found the keys inconsistent.
+  function R.repair(limit)
+    R.count_repair()
+    local indexed = indexed_ids()
+    local mapped = {}
+    local all = redis.call('HGETALL', K_SLOTS)
+    for i = 1, #all, 2 do
+      local s, id = tonumber(all[i]), all[i + 1]
+      if still_held(id, indexed) then mapped[s] = id else redis.call('HDEL', K_SLOTS, all[i]) end
+    end
+    local metas = redis.call('HGETALL', K_META)
+    for i = 1, #metas, 2 do
+      local id, m = metas[i], cjson.decode(metas[i + 1])
+      for _, s in ipairs(m.s or {}) do
+        if mapped[s] == nil then
+          mapped[s] = id
+          redis.call('HSET', K_SLOTS, s, id)
+        elseif mapped[s] ~= id then
+          corrupt('semaphore records give slot ' .. s .. ' to both ' .. mapped[s] .. ' and ' .. id
+            .. ' (key ' .. K_META .. ')')
+        end
+      end
+    end
+    redis.call('DEL', K_FREE)
+    for s = 0, limit - 1 do
+      if mapped[s] == nil then redis.call('ZADD', K_FREE, s, s) end
     end
   end
-  if found then count_repair() end
-end
 
--- A slot mapped to `id` stays mapped while `id` has a holder record, or a lease without a
--- record (a live holder that lost its record learns it at its next renewal and releases the
--- slot; a crashed one is reaped: until then nobody else may have the slot).
-local function still_held(id)
-  local m = get_meta(id)
-  if m then return m.s ~= nil end
-  return redis.call('ZSCORE', K_EXP, id) ~= false
-end
-
--- Rebuilds the slot map and the free set from the entries' records: a slot mapped to an id
--- without a holder record or lease is freed; a holder record's slots are mapped to it again;
--- every slot below the limit that nobody holds is free. O(limit + entries), run only when a
--- check found the keys inconsistent.
-local function repair(limit)
-  count_repair()
-  local mapped = {}
-  local all = redis.call('HGETALL', K_SLOTS)
-  for i = 1, #all, 2 do
-    local s, id = tonumber(all[i]), all[i + 1]
-    if still_held(id) then mapped[s] = id else redis.call('HDEL', K_SLOTS, all[i]) end
+  -- The index lost its marker: it was lost (or never written). Every record goes back in.
+  function R.check_index()
+    if redis.call('ZSCORE', K_OWN, '#') then return end
+    R.count_repair()
+    local metas = redis.call('HGETALL', K_META)
+    for j = 1, #metas, 2 do
+      redis.call('ZADD', K_OWN, 0, sess_of(cjson.decode(metas[j + 1])) .. '|' .. metas[j])
+    end
+    redis.call('ZADD', K_OWN, 0, '#')
   end
-  local metas = redis.call('HGETALL', K_META)
-  for i = 1, #metas, 2 do
-    local id, m = metas[i], cjson.decode(metas[i + 1])
-    for _, s in ipairs(m.s or {}) do
-      if mapped[s] == nil then
-        mapped[s] = id
-        redis.call('HSET', K_SLOTS, s, id)
-      elseif mapped[s] ~= id then
-        corrupt('semaphore records give slot ' .. s .. ' to both ' .. mapped[s] .. ' and ' .. id
-          .. ' (key ' .. K_META .. ')')
+
+  local function lease_of(sid)
+    return tonumber(string.match(sid, '~(%d+)$')) or 0
+  end
+
+  -- A session with entries but no lease: the `exp` key was lost. Every session of the index
+  -- gets a lease again (from now), so that the entries of crashed processes expire again.
+  function R.restore_sessions(now)
+    check_all()
+    R.check_index()
+    R.count_repair()
+    for _, mem in ipairs(redis.call('ZRANGE', K_OWN, 0, -1)) do
+      local bar = string.find(mem, '|', 1, true)
+      if bar then
+        local sid = string.sub(mem, 1, bar - 1)
+        redis.call('ZADD', K_EXP, 'NX', now + lease_of(sid), sid)
       end
     end
   end
-  redis.call('DEL', K_FREE)
-  for s = 0, limit - 1 do
-    if mapped[s] == nil then redis.call('ZADD', K_FREE, s, s) end
+
+  -- Reaps the expired sessions `dead`: every entry of each (at most 512 per call; a session
+  -- with more is finished by the next call).
+  function R.reap_sessions(dead, now, limit)
+    check_all()
+    R.check_index()
+    local n, budget = 0, 512
+    for _, sid in ipairs(dead) do
+      local lo, hi = '[' .. sid .. '|', '[' .. sid .. '|\255'
+      local members = redis.call('ZRANGEBYLEX', K_OWN, lo, hi, 'LIMIT', 0, budget)
+      for _, mem in ipairs(members) do
+        local id = string.sub(mem, #sid + 2)
+        if string.sub(id, 1, 1) ~= '!' then
+          local m = get_meta(id)
+          -- (an index entry of an entry that moved to another session is left to the range
+          -- removal below)
+          if m == nil or sess_of(m) == sid then
+            drop_entry(id, m, limit, false)
+            n = n + 1
+          end
+        end
+      end
+      budget = budget - #members
+      if budget <= 0 then break end
+      redis.call('ZREMRANGEBYLEX', K_OWN, lo, hi)
+      redis.call('ZREM', K_EXP, sid)
+    end
+    if n > 0 then
+      EXPIRED = EXPIRED + n
+      CFG_DIRTY = true
+    end
+    return n
+  end
+
+  -- Moves a granted waiter from its waiter session to its holder session (their lease lengths
+  -- differ). The holder session's lease is at least the waiter session's: a granted waiter
+  -- keeps its lease until its client renews it as a holder.
+  function R.move_to_holder(id, m, wait_sid)
+    local hold_sid = sess_of(m)
+    local until_ms = redis.call('ZSCORE', K_EXP, wait_sid)
+    redis.call('ZREM', K_OWN, wait_sid .. '|' .. id)
+    redis.call('ZADD', K_OWN, 0, hold_sid .. '|' .. id)
+    if until_ms then redis.call('ZADD', K_EXP, 'GT', until_ms, hold_sid) end
+  end
+
+  -- A full consistency check, O(limit + entries): every mapped slot belongs to a holder
+  -- record that lists it, every holder record's slots are mapped to it, the free set is
+  -- exactly the unheld slots below the limit, every record is in the index and its session
+  -- has a lease, every waiter record is queued. Repairs what it finds (counted in
+  -- cfg.repairs). Run when a handle opens and by stats, so that a loss no grant notices (a
+  -- lost record of a crashed holder, a lost queue) is repaired too.
+  function R.audit(limit, now)
+    R.check_index()
+    local consistent = true
+    local indexed = indexed_ids()
+    local mapped = {}
+    local all = redis.call('HGETALL', K_SLOTS)
+    for i = 1, #all, 2 do
+      if still_held(all[i + 1], indexed) then mapped[tonumber(all[i])] = all[i + 1] else consistent = false end
+    end
+    local fixed = false
+    local metas = redis.call('HGETALL', K_META)
+    for i = 1, #metas, 2 do
+      local id, m = metas[i], cjson.decode(metas[i + 1])
+      for _, s in ipairs(m.s or {}) do
+        if mapped[s] ~= id then consistent = false end
+      end
+      local sid = sess_of(m)
+      if redis.call('ZADD', K_OWN, 0, sid .. '|' .. id) == 1 then fixed = true end
+      if redis.call('ZADD', K_EXP, 'NX', now + (m.s and m.l or m.w), sid) == 1 then fixed = true end
+      if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
+        redis.call('ZADD', K_QUEUE, m.t, id)
+        fixed = true
+      end
+    end
+    if consistent then
+      local free = redis.call('ZRANGE', K_FREE, 0, -1)
+      local unheld = 0
+      for s = 0, limit - 1 do if mapped[s] == nil then unheld = unheld + 1 end end
+      if #free ~= unheld then consistent = false end
+      for _, s in ipairs(free) do
+        local n = tonumber(s)
+        if n >= limit or mapped[n] ~= nil then consistent = false end
+      end
+    end
+    if fixed and consistent then R.count_repair() end
+    if not consistent then R.repair(limit) end
+  end
+
+  -- The free set gave fewer slots than the capacity check promised (a lost `free` set, or a
+  -- lost slot map that made the holders look fewer): put back what was popped, repair, and
+  -- check the capacity again. Returns the slots to grant, or nil when there is no capacity.
+  function R.short_free(popped, n, limit)
+    for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
+    R.repair(limit)
+    if held_count() + n > limit then return nil end
+    popped = redis.call('ZPOPMIN', K_FREE, n)
+    if #popped ~= 2 * n then
+      corrupt('semaphore free slots (key ' .. K_FREE .. ') do not match its holders (key '
+        .. K_SLOTS .. ') after a repair')
+    end
+    return popped
+  end
+
+  RARE = R
+  return R
+end
+
+-- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
+-- `tomb`: removed by someone other than its client (an operator, a rejection), which the
+-- client's next renewal of the session learns from the index.
+-- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
+-- an entry without a record lost it, and the slots still mapped to it are freed.)
+drop_entry = function(id, m, limit, tomb)
+  redis.call('HDEL', K_META, id)
+  if m then
+    local sid = sess_of(m)
+    redis.call('ZREM', K_OWN, sid .. '|' .. id)
+    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|!' .. id) end
+    if m.s then
+      for _, s in ipairs(m.s) do
+        redis.call('HDEL', K_SLOTS, s)
+        if s < limit then redis.call('ZADD', K_FREE, s, s) end
+      end
+    else
+      redis.call('ZREM', K_QUEUE, id)
+    end
+  else
+    redis.call('ZREM', K_QUEUE, id)
+    rare().free_slots_of(id, limit)
   end
 end
 
+-- Removes every entry of every session whose lease expired (holders and waiters alike).
+local function reap(now, limit)
+  local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 64)
+  if #dead == 0 then return 0 end
+  return rare().reap_sessions(dead, now, limit)
+end
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
--- Every script calls it before its first write. It also reads the keys that a script would
--- otherwise touch first with a write (slots, free, fence), so that a key holding a foreign
--- type fails the script with WRONGTYPE before anything was written: a failing script never
--- leaves partial writes. (cfg, exp, queue and meta are read before they are written.)
+-- Every script calls it before its first write.
 local function load_limit()
-  redis.call('HLEN', K_SLOTS); redis.call('ZCARD', K_FREE); redis.call('HLEN', K_FENCE)
-  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver')
+  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs')
   if cfg[1] then
-    if cfg[2] and tonumber(cfg[2]) ~= PROTOCOL then
-      error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. cfg[2]
+    if tonumber(cfg[2] or '1') ~= PROTOCOL then
+      error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. (cfg[2] or '1')
         .. ', this client speaks version ' .. PROTOCOL .. ': use a client that speaks it' })
     end
+    SEQ, GEN, GRANTS = tonumber(cfg[3] or '0'), tonumber(cfg[4] or '0'), tonumber(cfg[5] or '0')
+    EXPIRED, REPAIRS = tonumber(cfg[6] or '0'), tonumber(cfg[7] or '0')
     return tonumber(cfg[1])
   end
+  check_all()
   local l = tonumber(ARGV[1])
   CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
   -- A configuration lost while entries remain (eviction, a DEL): tickets go on after the
-  -- highest one queued, so that no new ticket jumps the queue, and the slot map and free set
-  -- are rebuilt from the records (a repair).
+  -- highest one queued, so that no new ticket jumps the queue; generations go on from Redis
+  -- TIME (next_generation); the slot map and free set are rebuilt from the records (a repair).
   local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
-  if #last > 0 then redis.call('HSET', K_CFG, 'seq', last[2]) end
+  if #last > 0 then SEQ = tonumber(last[2]) end
+  CFG_DIRTY = true
   if redis.call('HLEN', K_META) > 0 or redis.call('HLEN', K_SLOTS) > 0 then
-    repair(l)
+    rare().repair(l)
+    rare().check_index()
   else
     redis.call('DEL', K_FREE)
     for s = 0, l - 1 do redis.call('ZADD', K_FREE, s, s) end
+    redis.call('ZADD', K_OWN, 0, '#')
   end
   return l
 end
 
--- A full consistency check, O(limit + entries): every mapped slot belongs to a holder record
--- that lists it, every holder record's slots are mapped to it, the free set is exactly the
--- unheld slots below the limit, every record has a lease, every waiter record is queued.
--- Repairs what it finds (counted in cfg.repairs). Run when a handle opens and by stats, so
--- that a loss no grant notices (a lost record and lease of a crashed holder, a lost queue)
--- is repaired too.
-local function audit(limit, now)
-  local consistent = true
-  local mapped = {}
-  local all = redis.call('HGETALL', K_SLOTS)
-  for i = 1, #all, 2 do
-    if still_held(all[i + 1]) then mapped[tonumber(all[i])] = all[i + 1] else consistent = false end
-  end
-  local fixed = false
-  local metas = redis.call('HGETALL', K_META)
-  for i = 1, #metas, 2 do
-    local id, m = metas[i], cjson.decode(metas[i + 1])
-    for _, s in ipairs(m.s or {}) do
-      if mapped[s] ~= id then consistent = false end
-    end
-    if not redis.call('ZSCORE', K_EXP, id) then
-      redis.call('ZADD', K_EXP, now + (m.s and m.l or m.w), id)
-      fixed = true
-    end
-    if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
-      redis.call('ZADD', K_QUEUE, m.t, id)
-      fixed = true
-    end
-  end
-  if consistent then
-    local free = redis.call('ZRANGE', K_FREE, 0, -1)
-    local unheld = 0
-    for s = 0, limit - 1 do if mapped[s] == nil then unheld = unheld + 1 end end
-    if #free ~= unheld then consistent = false end
-    for _, s in ipairs(free) do
-      local n = tonumber(s)
-      if n >= limit or mapped[n] ~= nil then consistent = false end
-    end
-  end
-  if fixed and consistent then count_repair() end
-  if not consistent then repair(limit) end
-end
-
--- A record without a lease lost it (the `exp` key was evicted or deleted): when the live entry
--- `id` has none, it gets its lease back, and so does every other record, so that the entries
--- of crashed processes expire again (a sweep of `meta`, only after such a loss).
-local function restore_leases(id, now)
-  if redis.call('ZSCORE', K_EXP, id) then return end
-  count_repair()
-  local metas = redis.call('HGETALL', K_META)
-  for j = 1, #metas, 2 do
-    local o = cjson.decode(metas[j + 1])
-    redis.call('ZADD', K_EXP, 'NX', now + (o.s and o.l or o.w), metas[j])
-  end
-end
-
--- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
--- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
--- an entry without a record lost it, and the slots still mapped to it are freed.)
-local function drop_entry(id, m, limit)
-  redis.call('ZREM', K_EXP, id)
-  redis.call('HDEL', K_META, id)
-  if m and m.s then
-    for _, s in ipairs(m.s) do
-      redis.call('HDEL', K_SLOTS, s)
-      if s < limit then redis.call('ZADD', K_FREE, s, s) end
-    end
-  else
-    redis.call('ZREM', K_QUEUE, id)
-    if not m then free_slots_of(id, limit) end
-  end
-end
-
--- Removes every entry whose lease expired (holders and waiters alike).
-local function reap(now, limit)
-  local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 512)
-  for _, id in ipairs(dead) do
-    drop_entry(id, get_meta(id), limit)
-  end
-  if #dead > 0 then redis.call('HINCRBY', K_CFG, 'expired', #dead) end
-  return #dead
-end
-
--- The generation (fencing token) of a new grant of slot `s`: max(stored + 1, Redis TIME in
--- microseconds). It goes up at every grant, and stays above every token issued before even
--- when the fence hash was lost (FLUSHALL, a restart without persistence, a failover to a
--- lagging replica), as long as Redis's clock has not gone back past the earlier grant
--- (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in Lua's doubles; stored and
--- carried as a decimal string.
-local NOW_US = nil
-local function next_generation(s)
-  if not NOW_US then
-    local t = redis.call('TIME')
-    NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  end
-  local prev = tonumber(redis.call('HGET', K_FENCE, s) or '0') or 0
-  local g = string.format('%.0f', math.max(prev + 1, NOW_US))
-  redis.call('HSET', K_FENCE, s, g)
-  return g
-end
-
--- Makes an entry a holder: lowest free slots, next generation per slot. A queued waiter keeps
--- its current lease (a waiter that died just before its grant blocks the slot no longer than
--- its own lease; a live one renews it as a holder); a fresh entry (try mode) gets a lease.
+-- Makes an entry a holder: lowest free slots, the next generation for all of them. A queued
+-- waiter keeps its current lease (a waiter that died just before its grant blocks the slot
+-- no longer than its own lease; a live one renews it as a holder); a fresh entry (granted at
+-- once) joins its holder session, whose lease reaches at least now + its lease.
 --
 -- Checks first that the free set gives as many slots as the capacity check promised: after a
--- key loss it may not (a lost `free` set, or a lost slot map that made the holders look
--- fewer). Then the keys are repaired and the capacity checked again. Returns whether it
--- granted.
+-- key loss it may not. Then the keys are repaired and the capacity checked again. Returns
+-- whether it granted.
 local function grant(id, m, now, fresh, limit)
   local popped = redis.call('ZPOPMIN', K_FREE, m.n)
   if #popped ~= 2 * m.n then
-    for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
-    repair(limit)
-    if redis.call('HLEN', K_SLOTS) + m.n > limit then return false end
-    popped = redis.call('ZPOPMIN', K_FREE, m.n)
-    if #popped ~= 2 * m.n then
-      corrupt('semaphore free slots (key ' .. K_FREE .. ') do not match its holders (key '
-        .. K_SLOTS .. ') after a repair')
-    end
+    popped = rare().short_free(popped, m.n, limit)
+    if not popped then return false end
   end
-  local slots, fences = {}, {}
+  local g = next_generation()
+  local slots, fences, map = {}, {}, {}
   for i = 1, #popped, 2 do
     local s = tonumber(popped[i])
-    redis.call('HSET', K_SLOTS, s, id)
     slots[#slots + 1] = s
-    fences[#fences + 1] = next_generation(s)
+    fences[#fences + 1] = g
+    map[#map + 1] = s; map[#map + 1] = id
   end
+  redis.call('HSET', K_SLOTS, unpack(map))
+  local wait_sid = not fresh and sess_of(m)
   m.s, m.f, m.a = slots, fences, now
-  redis.call('ZREM', K_QUEUE, id)
-  if fresh then redis.call('ZADD', K_EXP, now + m.l, id) end
+  if fresh then
+    local sid = sess_of(m)
+    redis.call('ZADD', K_EXP, 'GT', now + m.l, sid)
+    redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
+  else
+    redis.call('ZREM', K_QUEUE, id)
+    if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
+  end
   redis.call('HSET', K_META, id, cjson.encode(m))
-  redis.call('HINCRBY', K_CFG, 'grants', 1)
+  GRANTS = GRANTS + 1
   return true
 end
 
@@ -277,14 +447,13 @@ local function pump(now, limit)
   while true do
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
     if not head then break end
-    used = used or redis.call('HLEN', K_SLOTS)
+    used = used or held_count()
     local m = get_meta(head)
     if not m then
       redis.call('ZREM', K_QUEUE, head)
-      redis.call('ZREM', K_EXP, head)
     elseif m.n > limit then
       -- can never be satisfied (the limit shrank below the request): reject it
-      drop_entry(head, m, limit)
+      drop_entry(head, m, limit, true)
       out[#out + 1] = { head, m, false }
     elseif used + m.n > limit then
       break
@@ -314,7 +483,8 @@ local function publish(out, skip)
     if id ~= skip then
       local rec
       if ok then
-        rec = 'g:' .. id .. ':' .. string.format('%d', m.t) .. ':' .. join(m.s) .. ':' .. join(m.f)
+        rec = 'g:' .. id .. ':' .. string.format('%d', m.t) .. ':' .. join(m.s) .. ':'
+          .. table.concat(m.f, ',')
       else
         rec = 'x:' .. id
       end
@@ -336,7 +506,7 @@ local function settle(now, limit, force)
   end
 end
 
--- Milliseconds until the nearest lease expiry (the earliest moment reaping can free
+-- Milliseconds until the nearest session lease expiry (the earliest moment reaping can free
 -- capacity without a notification), or -1 when there is none.
 local function next_expiry(now)
   local e = redis.call('ZRANGE', K_EXP, 0, 0, 'WITHSCORES')
@@ -348,7 +518,7 @@ end
 
 -- Permits free now (the limit minus the slots held; 0 while the limit is below them).
 local function free_now(limit)
-  local f = limit - redis.call('HLEN', K_SLOTS)
+  local f = limit - held_count()
   if f < 0 then return 0 end
   return f
 end

@@ -1,23 +1,57 @@
--- release: remove holders or queued waiters (a cancelled acquire), then grant what that frees.
--- ARGV (after the common header): 4 force ("1" for an operator's release, "0" otherwise;
---   the script treats both alike: the next grant of a slot carries a higher fence anyway,
---   see next_generation), 5.. ids
+-- release: remove holders or queued waiters (a cancelled acquire), detach holders, end
+-- sessions, then grant what that frees.
+-- ARGV (after the common header):
+--   4 force ("1" for an operator's release: the client that owns the entry learns it at its
+--     next renewal of the entry's session; "0" otherwise)
+--   5 k, the number of sessions to end (a client handle that closes ends its sessions: a
+--     session ends only if it has no entry left)
+--   6 d, the number of holders to detach (Permit::detach: the holder leaves its client's
+--     session for one of its own that nobody renews, which keeps the lease it has now)
+--   then k session ids, d holder ids, and the ids to remove
 -- Reply: number of entries that existed and were removed. Idempotent.
+local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
+-- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
+-- to create
+if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
 local now = now_ms()
+CHECK.own(); CHECK.slots(); CHECK.free(); CHECK.queue(); CHECK.exp()
 local limit = load_limit()
+local force = ARGV[4] == '1'
 local removed, unknown = 0, false
-for i = 5, #ARGV do
+for i = 7 + k, 6 + k + d do
+  local id = ARGV[i]
+  local m = get_meta(id)
+  if m and m.s and not m.o then
+    local old = sess_of(m)
+    m.o = 'd.' .. id
+    local new = sess_of(m)
+    redis.call('ZREM', K_OWN, old .. '|' .. id)
+    redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
+    redis.call('ZADD', K_EXP, 'NX', redis.call('ZSCORE', K_EXP, old) or now, new)
+    redis.call('HSET', K_META, id, cjson.encode(m))
+  end
+end
+for i = 7 + k + d, #ARGV do
   local id = ARGV[i]
   local m = get_meta(id)
   if m then
     removed = removed + 1
-    drop_entry(id, m, limit)
+    drop_entry(id, m, limit, force)
   else
     -- no record: never written by redsem, or its record was lost (then its slots are freed,
     -- and granted below)
-    drop_entry(id, nil, limit)
+    drop_entry(id, nil, limit, false)
     unknown = true
   end
 end
+for i = 7, 6 + k do
+  local sid = ARGV[i]
+  if #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) == 0 then
+    -- no entry left (its tombstones go too: nobody is left to learn them)
+    redis.call('ZREMRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255')
+    redis.call('ZREM', K_EXP, sid)
+  end
+end
 settle(now, limit, removed > 0 or unknown)
+finish()
 return removed

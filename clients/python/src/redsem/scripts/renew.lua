@@ -1,35 +1,66 @@
--- renew: the batched heartbeat of one process. Reaps, grants, then extends the lease of every
--- listed entry that still exists. Never re-creates an entry that expired or was removed.
--- ARGV (after the common header): 4.. ids
--- Reply: {next_expiry_ms, states, free, limit} with one state per id, in order (free: the
---        permits free now; limit: the stored limit):
---        {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
---        {0}                still queued
---        {-1}               gone: expired, released by someone else, or lost with Redis data
+-- renew: the heartbeat of one client handle. Reaps, grants, then extends the lease of each
+-- listed session (all its entries live on with it) and reports the state of each listed
+-- entry. Never re-creates an entry that expired or was removed.
+-- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
+--   ms), then the ids of entries to check (the client's holders, and those of its waiters it
+--   has reason to doubt; see docs/PROTOCOL.md)
+-- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed}
+--        states: one per id, in order:
+--          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
+--          {0}                still queued
+--          {-1}               gone: expired, released by someone else, or lost with Redis data
+--        free: the permits free now; limit: the stored limit
+--        sessions: one per session, in order: 1 it had a lease, 0 it had none (it expired and
+--          its entries were reaped, or the client has not used it yet): its lease starts now
+--        head: the ticket at the head of the queue, or -1 when nobody waits (a waiter with a
+--          lower ticket was granted or removed: its notification may have been lost)
+--        removed: the ids of the sessions' entries that someone else removed since their last
+--          renewal (an operator's release, a rejection after a shrink)
 local now = now_ms()
 local limit = load_limit()
 settle(now, limit, false)
+local k = tonumber(ARGV[4])
+local sessions, removed = {}, {}
+local restored = false
+for j = 0, k - 1 do
+  local sid, lease = ARGV[5 + 2 * j], tonumber(ARGV[6 + 2 * j])
+  local added = redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
+  sessions[j + 1] = 1 - added
+  if added == 1 and not restored
+    and #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) > 0 then
+    -- entries without a session lease: the `exp` key was lost
+    rare().restore_sessions(now)
+    restored = true
+  end
+  local lo, hi = '[' .. sid .. '|!', '[' .. sid .. '|!\255'
+  local tombs = redis.call('ZRANGEBYLEX', K_OWN, lo, hi)
+  if #tombs > 0 then
+    redis.call('ZREMRANGEBYLEX', K_OWN, lo, hi)
+    for _, t in ipairs(tombs) do removed[#removed + 1] = string.sub(t, #sid + 3) end
+  end
+end
 local states = {}
-for i = 4, #ARGV do
+local requeued = false
+for i = 5 + 2 * k, #ARGV do
   local id = ARGV[i]
   local m = get_meta(id)
   if not m then
     states[#states + 1] = { -1 }
+  elseif m.s then
+    states[#states + 1] = held_reply(m)
   else
-    restore_leases(id, now)
-    if m.s then
-      redis.call('ZADD', K_EXP, 'XX', now + m.l, id)
-      states[#states + 1] = held_reply(m)
-    else
-      redis.call('ZADD', K_EXP, 'XX', now + m.w, id)
-      if not redis.call('ZSCORE', K_QUEUE, id) then
-        -- its place in the queue was lost with the `queue` key: back at its ticket
-        count_repair()
-        redis.call('ZADD', K_QUEUE, m.t, id)
-        publish(pump(now, limit), nil)
-      end
-      states[#states + 1] = { 0 }
+    if not redis.call('ZSCORE', K_QUEUE, id) then
+      -- its place in the queue was lost with the `queue` key: back at its ticket
+      check_all()
+      rare().count_repair()
+      redis.call('ZADD', K_QUEUE, m.t, id)
+      requeued = true
     end
+    states[#states + 1] = { 0 }
   end
 end
-return { next_expiry(now), states, free_now(limit), limit }
+if requeued then publish(pump(now, limit), nil) end
+local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+finish()
+return { next_expiry(now), states, free_now(limit), limit, sessions,
+  #head > 0 and tonumber(head[2]) or -1, removed }

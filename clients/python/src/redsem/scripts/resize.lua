@@ -4,12 +4,13 @@
 --   stored limit, applied atomically, refused when the result is outside 1..ARGV 6
 -- Reply: the previous limit; with "add": {previous, new} or {previous, -1} when refused
 local now = now_ms()
+check_all()
 local old = load_limit()
 local new = tonumber(ARGV[4])
 local relative = ARGV[5] == 'add'
 if relative then
   new = old + new
-  if new < 1 or new > tonumber(ARGV[6]) then return { old, -1 } end
+  if new < 1 or new > tonumber(ARGV[6]) then finish(); return { old, -1 } end
 end
 if new > old then
   for s = old, new - 1 do
@@ -20,5 +21,6 @@ elseif new < old then
 end
 redis.call('HSET', K_CFG, 'limit', new)
 settle(now, new, true)
+finish()
 if relative then return { old, new } end
 return old

@@ -1,19 +1,22 @@
 -- stats: a consistent snapshot (checks the keys' consistency, repairing a key loss, then reaps
 -- and grants first, like every script).
 -- Reply: {now_ms, limit, permits_in_use, grants, expired, holders_json, waiters_json, repairs}
--- holders_json: JSON array of {id, meta} in no particular order (with lease expiry "e");
+-- holders_json: JSON array of {id, meta} in no particular order (with the lease expiry of its
+-- session, "e");
 -- waiters_json: JSON array of {id, meta} in queue (FIFO) order.
 local now = now_ms()
+check_all()
 local limit = load_limit()
-audit(limit, now)
+rare().audit(limit, now)
 settle(now, limit, true)
+finish()
 local function entries(ids)
   local arr = {}
   for _, id in ipairs(ids) do
     local m = get_meta(id)
     if m then
       m.id = id
-      m.e = tonumber(redis.call('ZSCORE', K_EXP, id))
+      m.e = tonumber(redis.call('ZSCORE', K_EXP, sess_of(m)))
       arr[#arr + 1] = m
     end
   end
