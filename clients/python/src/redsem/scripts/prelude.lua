@@ -241,17 +241,16 @@ local function rare()
         local id = string.sub(mem, #sid + 2)
         if string.sub(id, 1, 1) ~= '!' then
           local m = get_meta(id)
-          -- (an index entry of an entry that moved to another session is left to the range
-          -- removal below)
+          -- (an index entry of an entry that moved to another session is only removed below)
           if m == nil or sess_of(m) == sid then
             drop_entry(id, m, limit, false)
             n = n + 1
           end
         end
       end
+      if #members > 0 then redis.call('ZREM', K_OWN, unpack(members)) end
       budget = budget - #members
-      if budget <= 0 then break end
-      redis.call('ZREMRANGEBYLEX', K_OWN, lo, hi)
+      if budget <= 0 then break end -- maybe more: the next call goes on
       redis.call('ZREM', K_EXP, sid)
     end
     if n > 0 then

@@ -48,7 +48,9 @@ for i = 7, 6 + k do
   local sid = ARGV[i]
   if #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) == 0 then
     -- no entry left (its tombstones go too: nobody is left to learn them)
-    redis.call('ZREMRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255')
+    local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
+      'LIMIT', 0, 512)
+    if #tombs > 0 then redis.call('ZREM', K_OWN, unpack(tombs)) end
     redis.call('ZREM', K_EXP, sid)
   end
 end

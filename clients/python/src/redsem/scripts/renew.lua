@@ -24,18 +24,21 @@ local sessions, removed = {}, {}
 local restored = false
 for j = 0, k - 1 do
   local sid, lease = ARGV[5 + 2 * j], tonumber(ARGV[6 + 2 * j])
-  local added = redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
-  sessions[j + 1] = 1 - added
-  if added == 1 and not restored
+  -- (an expired session not reaped yet, e.g. beyond what one call reaps, had no lease
+  -- either: some of its entries may be gone)
+  local until_ms = redis.call('ZSCORE', K_EXP, sid)
+  sessions[j + 1] = (until_ms and tonumber(until_ms) > now) and 1 or 0
+  redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
+  if not until_ms and not restored
     and #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) > 0 then
     -- entries without a session lease: the `exp` key was lost
     rare().restore_sessions(now)
     restored = true
   end
-  local lo, hi = '[' .. sid .. '|!', '[' .. sid .. '|!\255'
-  local tombs = redis.call('ZRANGEBYLEX', K_OWN, lo, hi)
+  local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
+    'LIMIT', 0, 512)
   if #tombs > 0 then
-    redis.call('ZREMRANGEBYLEX', K_OWN, lo, hi)
+    redis.call('ZREM', K_OWN, unpack(tombs))
     for _, t in ipairs(tombs) do removed[#removed + 1] = string.sub(t, #sid + 3) end
   end
 end
