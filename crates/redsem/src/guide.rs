@@ -108,7 +108,7 @@
 //!   freed it; the head's process learns it from a notification, or at the latest within the
 //!   fallback interval.
 //! - **Cleanup**: every entry has a lease; nothing a crashed process wrote outlives it. The
-//!   semaphore's own configuration (limit, free slots, fence generations) stays in Redis.
+//!   semaphore's own configuration (limit, free slots, the last fence generation) stays in Redis.
 //!
 //! ## Limiting requests in tower, axum, hyper, reqwest or tonic stacks
 //!
@@ -170,7 +170,8 @@
 //!
 //! ## Protocol, in brief
 //!
-//! Keys share the hash tag `{<name>}`: `<prefix>:{<name>}:cfg`, `:queue`, `:exp`, `:meta`,
-//! `:slots`, `:free`, `:fence`; each client handle listens on `<prefix>:{<name>}:c:<id>`.
+//! Keys share the hash tag `{<name>}`: `<prefix>:{<name>}:cfg`, `:queue`, `:exp` (session
+//! leases), `:meta`, `:slots`, `:free`, `:own` (the entries of each session); each client
+//! handle listens on `<prefix>:{<name>}:c:<id>`.
 //! The Lua scripts beside `src/scripts/mod.rs` document their arguments and replies;
 //! `docs/PROTOCOL.md` is the full specification.

@@ -30,9 +30,11 @@ local CREATED = false -- set when this call had to (re)create the configuration
 -- refuses a semaphore written under another version rather than misread it.
 local PROTOCOL = 3
 
--- Redis TIME, read once per call: NOW_MS for leases, NOW_US for fence generations.
+-- Redis TIME, read once per call (and only by calls that need it): NOW_MS for leases,
+-- NOW_US for fence generations.
 local NOW_MS, NOW_US
 local function now_ms()
+  if NOW_MS then return NOW_MS end
   local t = redis.call('TIME')
   NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
   NOW_MS = math.floor(NOW_US / 1000)
@@ -85,6 +87,7 @@ end
 -- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in
 -- Lua's doubles; stored and carried as a decimal string.
 local function next_generation()
+  if not NOW_US then now_ms() end
   GEN = math.max(GEN + 1, NOW_US)
   CFG_DIRTY = true
   return string.format('%.0f', GEN)
@@ -409,6 +412,7 @@ end
 -- key loss it may not. Then the keys are repaired and the capacity checked again. Returns
 -- whether it granted.
 local function grant(id, m, now, fresh, limit)
+  now = now or now_ms()
   local popped = redis.call('ZPOPMIN', K_FREE, m.n)
   if #popped ~= 2 * m.n then
     popped = rare().short_free(popped, m.n, limit)

@@ -9,12 +9,14 @@
 --     session for one of its own that nobody renews, which keeps the lease it has now)
 --   then k session ids, d holder ids, and the ids to remove
 -- Reply: number of entries that existed and were removed. Idempotent.
+-- (It does not reap: what it frees it grants, and expired sessions are reaped by the next
+-- acquire or renewal, which the waiters' clients make at the next expiry at the latest.)
 local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
 -- to create
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
-local now = now_ms()
-CHECK.own(); CHECK.slots(); CHECK.free(); CHECK.queue(); CHECK.exp()
+CHECK.own(); CHECK.slots(); CHECK.free(); CHECK.queue()
+if k > 0 then CHECK.exp() end
 local limit = load_limit()
 local force = ARGV[4] == '1'
 local removed, unknown = 0, false
@@ -27,7 +29,7 @@ for i = 7 + k, 6 + k + d do
     local new = sess_of(m)
     redis.call('ZREM', K_OWN, old .. '|' .. id)
     redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
-    redis.call('ZADD', K_EXP, 'NX', redis.call('ZSCORE', K_EXP, old) or now, new)
+    redis.call('ZADD', K_EXP, 'NX', redis.call('ZSCORE', K_EXP, old) or now_ms(), new)
     redis.call('HSET', K_META, id, cjson.encode(m))
   end
 end
@@ -54,6 +56,6 @@ for i = 7, 6 + k do
     redis.call('ZREM', K_EXP, sid)
   end
 end
-settle(now, limit, removed > 0 or unknown)
+if removed > 0 or unknown or CREATED then publish(pump(nil, limit), nil) end
 finish()
 return removed
