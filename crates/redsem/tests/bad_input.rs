@@ -204,21 +204,21 @@ async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
                 server.flavor()
             );
             second.detach();
-            let err = client
+            match client
                 .force_release_existing(&name, held.holder_id())
                 .await
-                .unwrap_err();
-            assert!(
-                matches!(err, Error::WrongType { .. }),
-                "{} {suffix}: {err:?}",
-                server.flavor()
-            );
-            assert_eq!(
-                before,
-                dump_all(),
-                "{} {suffix}: the failed release wrote",
-                server.flavor()
-            );
+            {
+                Err(Error::WrongType { .. }) => assert_eq!(
+                    before,
+                    dump_all(),
+                    "{} {suffix}: the failed release wrote",
+                    server.flavor()
+                ),
+                // a release does not touch the session leases: it may succeed, and leaves
+                // the foreign key as it was
+                Ok(_) if suffix == "exp" => assert_eq!(dump(suffix), before[2]),
+                other => panic!("{} {suffix}: {other:?}", server.flavor()),
+            }
             held.detach();
             // the operator's way out: a forced delete removes it whatever its keys hold
             client.delete_semaphore(&name, true).await.unwrap();

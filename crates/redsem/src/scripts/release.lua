@@ -25,11 +25,12 @@ for i = 7 + k, 6 + k + d do
   local m = get_meta(id)
   if m and m.s and not m.o then
     local old = sess_of(m)
+    local until_ms = redis.call('ZSCORE', K_EXP, old) or now_ms()
     m.o = 'd.' .. id
     local new = sess_of(m)
     redis.call('ZREM', K_OWN, old .. '|' .. id)
     redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
-    redis.call('ZADD', K_EXP, 'NX', redis.call('ZSCORE', K_EXP, old) or now_ms(), new)
+    redis.call('ZADD', K_EXP, 'NX', until_ms, new)
     redis.call('HSET', K_META, id, cjson.encode(m))
   end
 end
