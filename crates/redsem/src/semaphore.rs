@@ -319,8 +319,8 @@ impl Semaphore {
             &scripts::Removal::of(&[holder_id]),
             true,
         )
-            .await
-            .map_err(|e| Error::from_call(e, self.name()))?;
+        .await
+        .map_err(|e| Error::from_call(e, self.name()))?;
         Ok(n > 0)
     }
 

@@ -204,10 +204,7 @@ async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
                 server.flavor()
             );
             second.detach();
-            match client
-                .force_release_existing(&name, held.holder_id())
-                .await
-            {
+            match client.force_release_existing(&name, held.holder_id()).await {
                 Err(Error::WrongType { .. }) => assert_eq!(
                     before,
                     dump_all(),

@@ -323,7 +323,11 @@ fn parse_acquire(v: &Value) -> Reply {
 }
 
 /// (holders: id -> entry's slots and fences, queue, free slots)
-type Snapshot = (BTreeMap<String, (Vec<u32>, Vec<u64>)>, Vec<String>, Vec<u32>);
+type Snapshot = (
+    BTreeMap<String, (Vec<u32>, Vec<u64>)>,
+    Vec<String>,
+    Vec<u32>,
+);
 
 fn snapshot_real(r: &mut Real) -> Snapshot {
     use redis::Commands;
@@ -491,7 +495,10 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     .cloned()
                     .unwrap_or_else(|| "none".into());
                 let got = Reply::Removed(
-                    match real.call(&real.release.clone(), &["0".into(), "0".into(), "0".into(), id.clone()]) {
+                    match real.call(
+                        &real.release.clone(),
+                        &["0".into(), "0".into(), "0".into(), id.clone()],
+                    ) {
                         Value::Int(i) => i as u64,
                         v => panic!("{v:?}"),
                     },

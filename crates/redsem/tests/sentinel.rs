@@ -168,10 +168,13 @@ async fn a_killed_master_is_replaced_and_waiters_keep_progressing() {
             killed.elapsed()
         );
         // commands reach the new master (the holder renews its session there)
-        let lease_end = |set: &Sentinels| match set
-            .data(new)
-            .cmd(&["ZRANGE", "redsem:{k}:exp", "-1", "-1", "WITHSCORES"])
-        {
+        let lease_end = |set: &Sentinels| match set.data(new).cmd(&[
+            "ZRANGE",
+            "redsem:{k}:exp",
+            "-1",
+            "-1",
+            "WITHSCORES",
+        ]) {
             Reply::Array(a) if a.len() == 2 => a[1].as_str().and_then(|s| s.parse::<f64>().ok()),
             _ => None,
         };

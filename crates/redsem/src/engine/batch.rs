@@ -139,9 +139,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::scripts::Removal;
     use crate::engine::releaser::Job;
     use crate::keys::Keys;
+    use crate::scripts::Removal;
 
     /// Answers every request `Queued`, with tickets in the order the requests were sent,
     /// after `delay`; records the ids of each call.

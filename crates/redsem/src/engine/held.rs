@@ -144,7 +144,14 @@ impl Held {
         self.handle.table.forget_holder(&self.id);
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
-        match scripts::release(&mut conn, &target, &scripts::Removal::of(&[&self.id]), false).await {
+        match scripts::release(
+            &mut conn,
+            &target,
+            &scripts::Removal::of(&[&self.id]),
+            false,
+        )
+        .await
+        {
             Ok(_) => {
                 self.released = true;
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,

@@ -146,15 +146,26 @@ pub(crate) struct LeaseState {
 impl LeaseState {
     /// A lease of length `len` confirmed by a call sent at `now`.
     pub(crate) fn new(now: Instant, len: Duration) -> LeaseState {
+        LeaseState::confirmed(now, now, len)
+    }
+
+    /// A lease of length `len` whose last two confirmations were sent at `trusted_from` and
+    /// `renewed_at` (a granted waiter's: the deadline counts from the one before the last,
+    /// as for a holder).
+    pub(crate) fn confirmed(
+        trusted_from: Instant,
+        renewed_at: Instant,
+        len: Duration,
+    ) -> LeaseState {
         LeaseState {
             lost_tx: watch::Sender::new(None),
             token: CancellationToken::new(),
             renewed: Mutex::new(Renewals {
-                trusted_from: now,
-                renewed_at: now,
+                trusted_from: trusted_from.min(renewed_at),
+                renewed_at,
                 len,
                 earlier: len,
-                since: now,
+                since: trusted_from.min(renewed_at),
             }),
             granted: OnceLock::new(),
         }

@@ -182,13 +182,22 @@ fn retry_later(again: mpsc::WeakUnboundedSender<Job>, g: Group) {
         let Some(tx) = again.upgrade() else { return };
         let remote = g.remote;
         for id in g.ids {
-            let _ = tx.send(Job::Release { remote: remote.clone(), id });
+            let _ = tx.send(Job::Release {
+                remote: remote.clone(),
+                id,
+            });
         }
         for id in g.detach {
-            let _ = tx.send(Job::Detach { remote: remote.clone(), id });
+            let _ = tx.send(Job::Detach {
+                remote: remote.clone(),
+                id,
+            });
         }
         if !g.end.is_empty() {
-            let _ = tx.send(Job::EndSessions { remote, sessions: g.end });
+            let _ = tx.send(Job::EndSessions {
+                remote,
+                sessions: g.end,
+            });
         }
     });
 }
@@ -256,7 +265,10 @@ mod tests {
 
         async fn release(&mut self, _: &Remote, r: &Removal<'_>) -> CallResult<u64> {
             let mut calls = self.calls.lock().unwrap();
-            calls.push((Instant::now(), r.ids.iter().map(|s| s.to_string()).collect()));
+            calls.push((
+                Instant::now(),
+                r.ids.iter().map(|s| s.to_string()).collect(),
+            ));
             if calls.len() as u32 <= self.failures {
                 let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
                 return Err(CallError::Redis(refused.into()));

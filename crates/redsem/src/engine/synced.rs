@@ -31,10 +31,16 @@ impl Handle {
         let sessions = self.table.sessions();
         let sessions: Vec<scripts::Session<'_>> =
             sessions.iter().map(|(s, ms)| (s.as_str(), *ms)).collect();
-        let reply =
-            scripts::renew_and_wait(&mut conn, &target, &sessions, &[permit.id()], replicas, timeout)
-                .await
-            .map(|(mut renewal, acked)| (renewal.states.remove(0), acked));
+        let reply = scripts::renew_and_wait(
+            &mut conn,
+            &target,
+            &sessions,
+            &[permit.id()],
+            replicas,
+            timeout,
+        )
+        .await
+        .map(|(mut renewal, acked)| (renewal.states.remove(0), acked));
         match reply {
             Ok((EntryState::Held(_), acked)) if acked >= replicas => Ok(permit),
             Ok((EntryState::Held(_), acked)) => {

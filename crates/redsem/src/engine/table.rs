@@ -36,8 +36,11 @@ pub(crate) enum Outcome {
 pub(crate) struct Waiter {
     tx: oneshot::Sender<Outcome>,
     /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
-    /// renewal). A grant keeps that lease, so the holder's lease clock starts here.
+    /// renewal of its session), and of the one before (as for a holder, the deadline counts
+    /// from it: a failover may have lost the last). A grant keeps that lease, so the
+    /// holder's lease clock starts with these.
     renewed_at: Instant,
+    trusted_from: Instant,
     /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
     /// heartbeat never checks it: a check that overtook the acquire would find it missing.
     ticket: Option<u64>,
@@ -48,9 +51,11 @@ pub(crate) struct Waiter {
 impl Waiter {
     /// A waiter of the semaphore `name` registered now, resolved through `tx`.
     pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
+        let now = Instant::now();
         Waiter {
             tx,
-            renewed_at: Instant::now(),
+            renewed_at: now,
+            trusted_from: now,
             ticket: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
@@ -80,7 +85,10 @@ impl Entries {
     /// Records a confirmed renewal, sent at `sent`, of the session of every waiter.
     pub(crate) fn waiters_renewed(&mut self, sent: Instant) {
         for w in self.waiters.values_mut() {
-            w.renewed_at = w.renewed_at.max(sent);
+            if sent > w.renewed_at {
+                w.trusted_from = w.renewed_at;
+                w.renewed_at = sent;
+            }
         }
     }
 
@@ -198,7 +206,11 @@ impl Table {
             return;
         };
         if let Outcome::Granted(_) = what {
-            let lease = Arc::new(LeaseState::new(waiter.renewed_at, self.wait_lease));
+            let lease = Arc::new(LeaseState::confirmed(
+                waiter.trusted_from,
+                waiter.renewed_at,
+                self.wait_lease,
+            ));
             st.holders.insert(id.to_owned(), lease);
         }
         if let Err(Outcome::Granted(_)) = waiter.tx.send(what) {

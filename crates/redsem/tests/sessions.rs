@@ -1,0 +1,225 @@
+//! Session leases: a client handle renews its sessions, not its entries. What a renewal costs
+//! Redis does not grow with the number of waiting tasks; an entry lives as long as its
+//! session, except a detached one; a closed handle ends its sessions; an entry an operator
+//! removes is reported to its owner by the next renewal.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Redis's `calls` of `command` so far (from `INFO commandstats`).
+fn calls(server: &Server, command: &str) -> u64 {
+    let info = match server.cmd(&["INFO", "commandstats"]) {
+        Reply::Bulk(s) => s,
+        other => panic!("{other:?}"),
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 2,000 tasks wait behind one holder through one handle for several renewal intervals:
+/// their leases are kept alive by the handle's session, so Redis runs a few calls per
+/// interval and reads no waiter's record (a renewal per waiter would read 2,000 per
+/// interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_tasks_cost_redis_nothing_per_task() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("idle-waiters", 1)
+            .lease(Duration::from_millis(900))
+            .renew_every(Duration::from_millis(300))
+            .fallback_poll(Duration::from_millis(300))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let waiters: Vec<_> = (0..2000)
+            .map(|_| {
+                let sem = sem.clone();
+                // served in ticket order, which need not be the order of this list: each
+                // task gives its permit back itself
+                tokio::spawn(async move { sem.acquire().await.map(drop) })
+            })
+            .collect();
+        assert!(
+            eventually(Duration::from_secs(20), || card(
+                &server,
+                "idle-waiters",
+                "queue"
+            ) == 2000)
+            .await
+        );
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        // four leases: without renewals, every waiter would have been reaped
+        tokio::time::sleep(Duration::from_millis(3600)).await;
+        let (scripts, records_read) = (calls(&server, "evalsha"), calls(&server, "hget"));
+        assert!(
+            scripts <= 40,
+            "{}: {scripts} script calls in 12 renewal intervals",
+            server.flavor()
+        );
+        assert!(
+            records_read <= 40,
+            "{}: {records_read} records read: waiters were renewed one by one",
+            server.flavor()
+        );
+        assert_eq!(
+            card(&server, "idle-waiters", "queue"),
+            2000,
+            "a waiter was reaped"
+        );
+        assert_eq!(
+            server
+                .cmd(&["HGET", "redsem:{idle-waiters}:cfg", "expired"])
+                .as_str(),
+            None
+        );
+        // and they are all served, in turn
+        held.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap().unwrap();
+        }
+        client.flush_releases().await;
+        assert_nothing_left(&server, "idle-waiters").await;
+    }
+}
+
+/// A detached permit stops being renewed although its handle (and so its session) lives on:
+/// it moves to a session of its own, and its slot comes back once its lease has run out,
+/// while another permit of the same handle keeps being renewed.
+#[tokio::test]
+async fn a_detached_permit_expires_while_its_handle_renews() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("detached", 2)
+            .lease(Duration::from_millis(900))
+            .renew_every(Duration::from_millis(200))
+            .open()
+            .await
+            .unwrap();
+        let kept = sem.acquire().await.unwrap();
+        let detached = sem.acquire().await.unwrap();
+        let slot = detached.slots()[0];
+        detached.detach();
+        let freed = tokio::time::Instant::now();
+        let next = tokio::time::timeout(Duration::from_secs(10), sem.acquire())
+            .await
+            .expect("the detached permit's slot never came back")
+            .unwrap();
+        assert_eq!(next.slots(), [slot]);
+        assert!(
+            freed.elapsed() >= Duration::from_millis(300),
+            "{}: freed after {:?}, before its lease could run out",
+            server.flavor(),
+            freed.elapsed()
+        );
+        assert!(!kept.is_lost(), "{}", server.flavor());
+        let expired: u64 = server
+            .cmd(&["HGET", "redsem:{detached}:cfg", "expired"])
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            expired,
+            1,
+            "{}: reaped on expiry, not released",
+            server.flavor()
+        );
+        drop((kept, next));
+        client.shutdown().await;
+        assert_nothing_left(&server, "detached").await;
+    }
+}
+
+/// A handle that closes ends its sessions: nothing of it is left in `exp`.
+#[tokio::test]
+async fn a_closed_handle_ends_its_sessions() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "ended", 2, Duration::from_secs(30)).await;
+        let own_lease = sem
+            .acquire_with(redsem::AcquireOptions::new().lease(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let plain = sem.acquire().await.unwrap();
+        assert_eq!(
+            card(&server, "ended", "exp"),
+            2,
+            "{}: one session per lease length",
+            server.flavor()
+        );
+        drop((own_lease, plain, sem));
+        client.flush_releases().await;
+        assert_eq!(card(&server, "ended", "exp"), 0, "{}", server.flavor());
+        assert_nothing_left(&server, "ended").await;
+    }
+}
+
+/// An operator removes a queued waiter: its owner learns it from the next renewal of its
+/// session (no per-waiter check, no notification needed) and queues again, at the back.
+#[tokio::test]
+async fn a_waiter_removed_by_an_operator_queues_again() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("removed-waiter", 1)
+            .lease(Duration::from_millis(900))
+            .renew_every(Duration::from_millis(200))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let waiting = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "removed-waiter",
+                "queue"
+            ) == 1)
+            .await
+        );
+        let queued = match server.cmd(&["ZRANGE", "redsem:{removed-waiter}:queue", "0", "0"]) {
+            Reply::Array(a) => a[0].as_str().unwrap().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        let admin = common::client(&server).await;
+        assert!(
+            admin
+                .force_release_existing("removed-waiter", &queued)
+                .await
+                .unwrap()
+        );
+        // queued again under a new id
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                matches!(
+                    server.cmd(&["ZRANGE", "redsem:{removed-waiter}:queue", "0", "0"]),
+                    Reply::Array(a) if a.len() == 1 && a[0].as_str() != Some(queued.as_str())
+                )
+            })
+            .await,
+            "{}: the waiter did not queue again",
+            server.flavor()
+        );
+        held.release().await.unwrap();
+        let p = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        drop(p);
+        client.shutdown().await;
+        assert_nothing_left(&server, "removed-waiter").await;
+    }
+}
