@@ -142,14 +142,12 @@ fn write_run_with(dir: &Path, story: Story) {
             t(1500) + 10
         ));
     }
-    if let Some((_, blackholed)) = story.taken() {
-        if blackholed {
-            runner.push(format!(
-                "fault {} {} blackhole-cmd 0 0 ms=500",
-                t(1400),
-                t(1900)
-            ));
-        }
+    if let Some((_, true)) = story.taken() {
+        runner.push(format!(
+            "fault {} {} blackhole-cmd 0 0 ms=500",
+            t(1400),
+            t(1900)
+        ));
     }
     if paused {
         runner.push(format!(
