@@ -53,6 +53,10 @@ pub struct RunArgs {
     /// Fault kinds not to inject, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub without: Vec<FaultKind>,
+    /// Fault kinds to inject besides those of `--faults` (or the default ones),
+    /// comma-separated: `--with clock-step` is every kind.
+    #[arg(long, value_delimiter = ',')]
+    pub with: Vec<FaultKind>,
     /// `redis` or `valkey` (`clock-step` runs on Valkey whatever this says: Redis 7.0.15
     /// hangs under libfaketime).
     #[arg(long, default_value = "redis")]
@@ -131,6 +135,11 @@ fn config(args: &RunArgs, seed: u64) -> Config {
     } else {
         args.faults.clone()
     };
+    for &k in &args.with {
+        if !faults.contains(&k) {
+            faults.push(k);
+        }
+    }
     faults.retain(|k| !args.without.contains(k));
     let mut flavor = args.flavor.clone();
     if faults.contains(&FaultKind::ClockStep) && flavor != "valkey" {
