@@ -406,10 +406,20 @@ impl Logs {
         for f in &self.faults {
             match f.kind {
                 FaultKind::DebugSleep => out.push((f.t0, f.t1 + 100_000)),
-                // a restart (a failover too: from its save to the reconnection after it)
-                FaultKind::RestartDataLoss
-                | FaultKind::FailoverLagging
-                | FaultKind::FailoverReplica => out.push((f.t0, f.t1 + 2_500_000)),
+                // a restart (a failover too: from its copy to the reconnection after it)
+                FaultKind::RestartDataLoss | FaultKind::FailoverLagging => {
+                    out.push((f.t0, f.t1 + 2_500_000))
+                }
+                // ...to the promoted replica's first answer: the old master's return as a
+                // replica, which the fault's end includes, stops nobody
+                FaultKind::FailoverReplica => {
+                    let ready = f
+                        .detail
+                        .split(',')
+                        .find_map(|p| p.strip_prefix("ready=")?.parse().ok())
+                        .unwrap_or(f.t1);
+                    out.push((f.t0, ready + 2_500_000))
+                }
                 _ => {}
             }
         }
