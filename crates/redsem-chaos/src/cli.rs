@@ -105,10 +105,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
             .join(", "),
         args.seconds
     );
+    // the fault kinds, when they are not the default ones
+    let kinds = config(&args, 0).faults;
+    let faults = if kinds == FaultKind::defaults() {
+        String::new()
+    } else {
+        let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        format!(" --faults {}", names.join(","))
+    };
     let mut failed = Vec::new();
     for seed in seeds {
         println!(
-            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}`",
+            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}{faults}`",
             args.seconds
         );
         if !run_one(&args, seed)? {
@@ -120,7 +128,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     } else {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
         eprintln!(
-            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}`",
+            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}{faults}`",
             list.join(", "),
             args.seconds,
             list[0]
