@@ -100,8 +100,14 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             sure: Some(s_star),
         };
         // explanations
+        // (the data loss that lost the grant: not one over before it was made, which an op
+        // that waited long may have seen too — only a grant whose incarnation is unknown
+        // may come from a Redis that died before it was read)
         let restart = logs.restarts.iter().find(|rs| {
-            rs.start >= o.begin.min(acq) && rs.start <= s_star && rs.may_lose_grant(acq)
+            rs.start >= o.begin.min(acq)
+                && rs.start <= s_star
+                && rs.may_lose_grant(acq)
+                && (rs.dead >= acq || unknown_epoch)
         });
         // halts that could have let its lease run out unnoticed (begun by s*), and halts
         // that kept it from learning afterwards (begun before it gave up)
