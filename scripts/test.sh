@@ -54,6 +54,10 @@ run python-valkey env REDSEM_TEST_SERVER="$PWD/.cache/valkey/valkey-server" \
 # first, with the command that reproduces it); any violation fails the step, and the logs
 # of a failing run are kept under target/chaos/.
 run chaos cargo run --release -p redsem-chaos -- --seconds 40 --seed 1 --seed random
+# Steps of the server's clock (on Valkey: Redis 7.0.15 hangs under libfaketime), among holders
+# cut off from it and failovers to a lagging replica: 30 s with seed 1.
+run chaos-clock cargo run --release -p redsem-chaos -- --seconds 30 --seed 1 \
+    --faults clock-step,blackhole-cmd,failover-replica
 
 if [ "${#failed[@]}" -gt 0 ]; then
     printf '\n==> scripts/test.sh: FAILED: %s\n' "${failed[*]}" >&2

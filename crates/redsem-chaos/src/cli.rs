@@ -46,13 +46,19 @@ pub struct RunArgs {
     /// Longest gap between two faults, in ms.
     #[arg(long, default_value_t = 500)]
     pub fault_gap_max_ms: u64,
-    /// Fault kinds to inject, comma-separated (default: all of them).
+    /// Fault kinds to inject, comma-separated (default: all of them but `clock-step`, which
+    /// needs Valkey).
     #[arg(long, value_delimiter = ',')]
     pub faults: Vec<FaultKind>,
     /// Fault kinds not to inject, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub without: Vec<FaultKind>,
-    /// `redis` or `valkey`.
+    /// Fault kinds to inject besides those of `--faults` (or the default ones),
+    /// comma-separated: `--with clock-step` is every kind.
+    #[arg(long, value_delimiter = ',')]
+    pub with: Vec<FaultKind>,
+    /// `redis` or `valkey` (`clock-step` runs on Valkey whatever this says: Redis 7.0.15
+    /// hangs under libfaketime).
     #[arg(long, default_value = "redis")]
     pub flavor: String,
     /// Where the logs go (one directory per run inside).
@@ -99,10 +105,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
             .join(", "),
         args.seconds
     );
+    // the fault kinds, when they are not the default ones
+    let kinds = config(&args, 0).faults;
+    let faults = if kinds == FaultKind::defaults() {
+        String::new()
+    } else {
+        let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        format!(" --faults {}", names.join(","))
+    };
     let mut failed = Vec::new();
     for seed in seeds {
         println!(
-            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}`",
+            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}{faults}`",
             args.seconds
         );
         if !run_one(&args, seed)? {
@@ -114,7 +128,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     } else {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
         eprintln!(
-            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}`",
+            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}{faults}`",
             list.join(", "),
             args.seconds,
             list[0]
@@ -125,11 +139,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
 
 fn config(args: &RunArgs, seed: u64) -> Config {
     let mut faults: Vec<FaultKind> = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
+        FaultKind::defaults()
     } else {
         args.faults.clone()
     };
+    for &k in &args.with {
+        if !faults.contains(&k) {
+            faults.push(k);
+        }
+    }
     faults.retain(|k| !args.without.contains(k));
+    let mut flavor = args.flavor.clone();
+    if faults.contains(&FaultKind::ClockStep) && flavor != "valkey" {
+        println!(
+            "redsem-chaos: clock-step needs libfaketime, under which Redis 7.0.15 hangs: this run uses Valkey"
+        );
+        flavor = "valkey".to_owned();
+    }
     Config {
         seed,
         seconds: args.seconds,
@@ -146,7 +172,7 @@ fn config(args: &RunArgs, seed: u64) -> Config {
         ),
         faults,
         sems: Config::default_sems(),
-        flavor: args.flavor.clone(),
+        flavor,
         stall_ms: 20,
     }
 }

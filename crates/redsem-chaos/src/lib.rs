@@ -3,8 +3,9 @@
 //! did, the runner logs the faults, the fenced resource's decisions and periodic snapshots
 //! of the semaphores in Redis, and a checker proves the guarantees from those logs.
 //!
-//! - [`runner`]: starts a private Redis, one [`proxy::ClientProxy`] per worker slot, the
-//!   worker processes, the fenced resource, the snapshotter and the fault schedule;
+//! - [`runner`]: starts a private Redis (with `failover-replica`, a replica too; with
+//!   `clock-step`, a Valkey on a clock of its own), one [`proxy::ClientProxy`] per worker slot,
+//!   the worker processes, the fenced resource, the snapshotter and the fault schedule;
 //! - [`worker`]: one worker process (acquire, hold with fenced writes, release; in a loop);
 //! - [`checker`]: the properties, checked from the logs (see its module docs);
 //! - [`config`]: the parameters of a run, saved beside the logs so a check can be re-run.

@@ -48,7 +48,8 @@ impl Class {
 type Conn = (Option<Class>, Option<oneshot::Sender<()>>);
 
 struct Shared {
-    upstream: SocketAddr,
+    /// Where new connections go (re-pointed after a failover to a replica).
+    upstream: Mutex<SocketAddr>,
     blackhole: [watch::Sender<bool>; 2],
     latency_us: AtomicU64,
     refuse: AtomicBool,
@@ -70,7 +71,7 @@ impl ClientProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             blackhole: [watch::Sender::new(false), watch::Sender::new(false)],
             latency_us: AtomicU64::new(0),
             refuse: AtomicBool::new(false),
@@ -88,6 +89,12 @@ impl ClientProxy {
     /// `redis://127.0.0.1:<port>/`
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// Sends the connections accepted from now on to `upstream` (a promoted replica); the
+    /// open ones are left to fail with the server they were connected to.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.shared.upstream.lock().unwrap() = upstream;
     }
 
     /// Resets every open connection of `class`; returns how many there were.
@@ -207,7 +214,8 @@ async fn serve(
         c.0 = Some(class);
     }
     let faults = ClassFaults { shared, class };
-    relay(client, shared.upstream, &mut severed, &faults, first).await;
+    let upstream = *shared.upstream.lock().unwrap();
+    relay(client, upstream, &mut severed, &faults, first).await;
 }
 
 /// The faults of one connection: those of its class.

@@ -1,5 +1,6 @@
 //! Periodic, atomic snapshots of every semaphore's state in Redis, taken by a read-only Lua
-//! script on a direct connection (not through a proxy): the ground truth the checker compares
+//! script on a direct connection (not through a worker's proxy; with `failover-replica`,
+//! through the runner's unfaulted proxy, which follows the failovers): the ground truth the checker compares
 //! the workers' beliefs with. The script reads and never writes, so it reaps nothing: an
 //! expired entry stays visible, with its expiry, until a redsem script reaps it.
 //!

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use super::overlaps;
 use crate::config::{Config, FaultKind, Timing};
 use crate::runner::FinalState;
 
@@ -36,6 +37,15 @@ impl Restart {
     pub(super) fn may_lose_grant(&self, acq: i64) -> bool {
         self.kept.is_none_or(|k| acq >= k)
     }
+}
+
+/// A step of Redis's clock (`clock-step`): from some moment between `t0` and `t1` (real
+/// time), Redis's clock reads real time + `offset` (µs; the offsets only grow).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClockStep {
+    pub(super) t0: i64,
+    pub(super) t1: i64,
+    pub(super) offset: i64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +122,8 @@ pub(super) struct Logs {
     pub(super) workers: BTreeMap<u32, Worker>,
     pub(super) faults: Vec<Fault>,
     pub(super) restarts: Vec<Restart>,
+    /// Steps of Redis's clock, in order.
+    pub(super) clock_steps: Vec<ClockStep>,
     pub(super) holds: HashMap<String, Option<u32>>,
     pub(super) writes: Vec<Write>,
     pub(super) ops: Vec<Op>,
@@ -174,6 +186,14 @@ fn parse_runner(text: &str, logs: &mut Logs) {
                     ready: num(f.get(3)).unwrap_or(0),
                     kept: num(f.get(4)),
                 });
+            }
+            "clock" if f.len() == 4 => {
+                let (Some(t0), Some(t1), Some(offset)) =
+                    (num(f.get(1)), num(f.get(2)), num(f.get(3)))
+                else {
+                    continue;
+                };
+                logs.clock_steps.push(ClockStep { t0, t1, offset });
             }
             "hold" if f.len() == 6 => {
                 logs.holds.insert(f[3].to_owned(), num(f.get(5)));
@@ -274,6 +294,7 @@ impl Logs {
             workers: BTreeMap::new(),
             faults: Vec::new(),
             restarts: Vec::new(),
+            clock_steps: Vec::new(),
             holds: HashMap::new(),
             writes: Vec::new(),
             ops: Vec::new(),
@@ -385,14 +406,85 @@ impl Logs {
         for f in &self.faults {
             match f.kind {
                 FaultKind::DebugSleep => out.push((f.t0, f.t1 + 100_000)),
-                // a restart (a failover too: from its save to the reconnection after it)
+                // a restart (a failover too: from its copy to the reconnection after it)
                 FaultKind::RestartDataLoss | FaultKind::FailoverLagging => {
                     out.push((f.t0, f.t1 + 2_500_000))
+                }
+                // ...to the promoted replica's first answer: the old master's return as a
+                // replica, which the fault's end includes, stops nobody
+                FaultKind::FailoverReplica => {
+                    let ready = f
+                        .detail
+                        .split(',')
+                        .find_map(|p| p.strip_prefix("ready=")?.parse().ok())
+                        .unwrap_or(f.t1);
+                    out.push((f.t0, ready + 2_500_000))
                 }
                 _ => {}
             }
         }
         out
+    }
+
+    /// The offset of Redis's clock over `[from, to]` (real time), or `None` when a step
+    /// happened meanwhile (which clock answered is unknown).
+    pub(super) fn clock_offset(&self, from: i64, to: i64) -> Option<i64> {
+        let mut offset = 0;
+        for st in &self.clock_steps {
+            if st.t1 < from {
+                offset = st.offset;
+            } else if st.t0 <= to {
+                return None;
+            }
+        }
+        Some(offset)
+    }
+
+    /// The real time at which Redis's clock first read `redis_us` (at least): the clock
+    /// jumps over the times a step skipped, which all came at the step.
+    pub(super) fn real_time(&self, redis_us: i64) -> i64 {
+        let mut offset = 0;
+        for st in &self.clock_steps {
+            if redis_us - offset < st.t0 {
+                break;
+            }
+            if redis_us - st.offset < st.t1 {
+                return st.t1;
+            }
+            offset = st.offset;
+        }
+        redis_us - offset
+    }
+
+    /// The steps of Redis's clock that could have cut short a lease that was valid at
+    /// `valid` and found invalid at `stale`, beyond what the clients cover for `worker`: a
+    /// holder's local deadline covers a total step up to the safety margin always, and up to
+    /// margin + one renewal interval while none of its renewals was lost (its command
+    /// connection faulted, its process halted or Redis answering nobody would lose one).
+    /// Returns the start and end of the first such step.
+    pub(super) fn uncovered_step(&self, worker: u32, valid: i64, stale: i64) -> Option<(i64, i64)> {
+        let t = self.t;
+        let from = valid - t.lease;
+        let mut before = 0;
+        let mut first = None;
+        for st in &self.clock_steps {
+            if st.t1 < from {
+                before = st.offset;
+            } else if st.t0 <= stale {
+                first.get_or_insert((st.t0, st.t1));
+                let total = st.offset - before;
+                let margin = (t.lease / 10).min(1_000_000);
+                let renewal_lost = || {
+                    overlaps(&self.cmd_faults(worker), from, stale)
+                        || overlaps(&self.halts(worker), from, stale)
+                        || overlaps(&self.global_halts(), from, stale)
+                };
+                if total > margin + t.renew || (total > margin && renewal_lost()) {
+                    return first;
+                }
+            }
+        }
+        None
     }
 
     pub(super) fn worker_of_id(&self, id: &str) -> Option<u32> {

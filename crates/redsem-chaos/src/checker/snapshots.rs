@@ -5,7 +5,9 @@
 //! 3 and 4 read afterwards.
 //!
 //! A snapshot whose request or reply overlapped a Redis restart is skipped: which Redis
-//! incarnation answered it is unknown.
+//! incarnation answered it is unknown; so is one that overlapped a step of Redis's clock
+//! (`clock-step`). After a step, Redis's times (the snapshot's, the leases' expiries, the
+//! grants') are turned into real time (see `Logs::real_time`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -94,10 +96,30 @@ impl Snapshot {
         };
         let spec = logs.cfg.sems.get(sem)?;
         epoch_of(restarts, sent, recv)?;
+        // Redis's clock, stepped (`clock-step`), as real time: the snapshot's by the offset
+        // it answered under (skipped if a step came meanwhile), the leases' expiries and
+        // the grants' times by when Redis's clock reached them, so that validity (an
+        // expiry later than the snapshot) is unchanged and every time is comparable with
+        // the workers'
+        let now = now - logs.clock_offset(sent, recv)?;
+        let real_ms = |ms: i64| {
+            if ms < 0 || logs.clock_steps.is_empty() {
+                ms
+            } else {
+                logs.real_time(ms * 1000).div_euclid(1000)
+            }
+        };
         let entries: Vec<Entry> = if f[6] == "-" {
             Vec::new()
         } else {
-            f[6].split(';').filter_map(parse_entry).collect()
+            f[6].split(';')
+                .filter_map(parse_entry)
+                .map(|e| Entry {
+                    exp_ms: real_ms(e.exp_ms),
+                    granted_ms: real_ms(e.granted_ms),
+                    ..e
+                })
+                .collect()
         };
         let slot_table: HashMap<u32, u32> = if f[7] == "-" {
             HashMap::new()

@@ -10,7 +10,12 @@
 //!   made before keeps a valid lease, since the lag is below one renewal interval and the
 //!   holder's deadline counts from the renewal before its last);
 //! - an operator force-released it, or its record was lost with the semaphore's `meta` key
-//!   (the `key-loss` fault; counted as an eviction: it learns the same way).
+//!   (the `key-loss` fault; counted as an eviction: it learns the same way);
+//! - Redis's clock stepped forward (`clock-step`) between `s_valid − lease` and `s*`, by more
+//!   than the documented bound covers for it (PROTOCOL.md rule 4): in total more than
+//!   margin + one renewal interval, or more than the margin when one of its renewals may
+//!   have been lost (its command connection faulted, its process halted, Redis answering
+//!   nobody). A smaller step explains nothing: its local deadline must come first.
 //!
 //! The bound: it stops believing (the guarded work cancelled) within one renewal interval
 //! (+ slack) of the first moment it could learn, because its next renewal tells it:
@@ -19,7 +24,9 @@
 //!   its client may still be reconnecting, and then its local deadline ends it;
 //! - after an eviction, the end of the `force_release` (or of a later pause) — or, if Redis
 //!   or its command connection was down meanwhile, its local deadline (lease − margin after
-//!   its last confirmed renewal, sent before the removal), since no renewal could tell it.
+//!   its last confirmed renewal, sent before the removal), since no renewal could tell it;
+//! - after a clock step, the step (or the end of a later pause), or its local deadline
+//!   likewise.
 //!
 //! Unexplained, only the slack is tolerated (snapshot and scheduling resolution). The result,
 //! per op, since when it may have been and since when it certainly was stale, explains the
@@ -76,7 +83,9 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             .and_then(|h| logs.evictions.get(h))
             .copied();
         let evicted_by_end = evicted.is_some_and(|(f0, _)| f0 <= end);
-        let maybe_gone = o.lost.is_some() || died || halted || data_lost || evicted_by_end;
+        let stepped = logs.uncovered_step(o.worker, s_valid, end).is_some();
+        let maybe_gone =
+            o.lost.is_some() || died || halted || data_lost || evicted_by_end || stepped;
         let s_star = match first_bad {
             Some(k) if o.obs[k].0 <= end => o.obs[k].0,
             _ => {
@@ -91,8 +100,14 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             sure: Some(s_star),
         };
         // explanations
+        // (the data loss that lost the grant: not one over before it was made, which an op
+        // that waited long may have seen too — only a grant whose incarnation is unknown
+        // may come from a Redis that died before it was read)
         let restart = logs.restarts.iter().find(|rs| {
-            rs.start >= o.begin.min(acq) && rs.start <= s_star && rs.may_lose_grant(acq)
+            rs.start >= o.begin.min(acq)
+                && rs.start <= s_star
+                && rs.may_lose_grant(acq)
+                && (rs.dead >= acq || unknown_epoch)
         });
         // halts that could have let its lease run out unnoticed (begun by s*), and halts
         // that kept it from learning afterwards (begun before it gave up)
@@ -113,23 +128,32 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
             learn_from = learn_from.max(rs.ready.max(rs.start + t.lease - t.renew));
             class = Some("data-loss");
         }
-        if let Some((f0, f1)) = evicted
-            && f0 <= s_star
-        {
-            // an operator removed it: its next renewal says so, if Redis answers it; if Redis
-            // or its command connection was down meanwhile, its local deadline does (lease −
-            // margin after its last confirmed renewal, which was sent before the removal)
+        // its lease taken from it (removed, or cut short by Redis's clock) during `(f0, f1)`:
+        // its next renewal says so, if Redis answers it; if Redis or its command connection
+        // was down meanwhile, its local deadline does (lease − margin after its last
+        // confirmed renewal, which was sent before `f0`)
+        let learn_by = |f0: i64, f1: i64| {
             let base = f1.max(last_halt_end.unwrap_or(f1));
             let window = (f0, base + t.renew + t.slack);
             let unreachable = overlaps(&global, window.0, window.1)
                 || overlaps(&logs.cmd_faults(o.worker), window.0, window.1);
-            let by = if unreachable {
+            if unreachable {
                 base.max(f0 + t.lease - t.renew)
             } else {
                 base
-            };
-            learn_from = learn_from.max(by);
+            }
+        };
+        if let Some((f0, f1)) = evicted
+            && f0 <= s_star
+        {
+            // an operator removed it
+            learn_from = learn_from.max(learn_by(f0, f1));
             class = Some("eviction");
+        }
+        if let Some((c0, c1)) = logs.uncovered_step(o.worker, s_valid, s_star) {
+            // Redis's clock jumped past its lease
+            learn_from = learn_from.max(learn_by(c0, c1));
+            class.get_or_insert("clock-step");
         }
         if cause {
             class.get_or_insert(if paused { "pause" } else { "stall" });
@@ -186,7 +210,7 @@ pub(super) fn check(logs: &Logs, r: &mut Report) -> Vec<Stale> {
 }
 
 /// The fault that explains why op `o` was stale in Redis at `since`: `eviction`,
-/// `data-loss`, `pause` or (its process starved of CPU) `stall`.
+/// `data-loss`, `clock-step`, `pause` or (its process starved of CPU) `stall`.
 pub(super) fn class_of(logs: &Logs, o: &Op, since: i64) -> &'static str {
     let w = &logs.workers[&o.worker];
     let evicted = o
@@ -202,6 +226,11 @@ pub(super) fn class_of(logs: &Logs, o: &Op, since: i64) -> &'static str {
             && o.acq.is_none_or(|acq| rs.may_lose_grant(acq))
     }) {
         "data-loss"
+    } else if logs
+        .uncovered_step(o.worker, since, since + logs.t.snapshot * 2)
+        .is_some()
+    {
+        "clock-step"
     } else if w
         .pauses
         .iter()

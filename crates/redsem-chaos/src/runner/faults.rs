@@ -12,7 +12,7 @@ use test_support::Server;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{Shared, WorkerState, signal};
+use super::{Replica, Shared, WorkerState, attach_replica, signal};
 use crate::config::FaultKind;
 use crate::now_us;
 use crate::proxy::{Class, ClientProxy};
@@ -77,7 +77,19 @@ pub(super) async fn schedule(
             FaultKind::Latency => rng.u64(200..=2000),
             FaultKind::DebugSleep => rng.u64(20..=lease * 7 / 5),
             // the replica's lag: less than one renewal interval (the documented bound)
-            FaultKind::FailoverLagging => rng.u64(0..cfg.renew_ms.max(1)),
+            FaultKind::FailoverLagging | FaultKind::FailoverReplica => {
+                rng.u64(0..cfg.renew_ms.max(1))
+            }
+            // the step: half within the documented bound (margin + one renewal interval,
+            // covered while no renewal is lost), half beyond it, up to one lease
+            FaultKind::ClockStep => {
+                let bound = margin_ms(lease) + cfg.renew_ms;
+                if rng.bool() {
+                    rng.u64(1..=bound)
+                } else {
+                    rng.u64(bound + 1..=lease.max(bound + 1))
+                }
+            }
             _ => 0,
         };
         let extra = rng.u64(2..=50); // latency per chunk
@@ -301,7 +313,7 @@ async fn inject(
             let (t0, dead, ready) = tokio::task::spawn_blocking(move || {
                 let mut srv = server.lock().unwrap();
                 let (t0, dead) = kill_recorded(&sh, &mut srv);
-                srv.restart();
+                restart_empty(&mut srv);
                 (t0, dead, now_us())
             })
             .await
@@ -355,14 +367,44 @@ async fn inject(
             };
             log(t0, None, None, detail);
         }
+        FaultKind::ClockStep => {
+            let Some(clock) = shared.clock.as_ref() else {
+                return log(now_us(), None, None, "no-clock".into());
+            };
+            let (t0, offset) = {
+                let mut offset = shared.clock_offset_ms.lock().unwrap();
+                *offset += ms as i64;
+                let t0 = now_us();
+                clock.set_offset_ms(*offset);
+                let t1 = now_us();
+                shared
+                    .log
+                    .line(&format!("clock {t0} {t1} {}", *offset * 1000));
+                (t0, *offset)
+            };
+            log(t0, None, None, format!("step={ms}ms,offset={offset}ms"));
+        }
+        FaultKind::FailoverReplica => {
+            let (sh, px) = (shared.clone(), proxies.clone());
+            let outcome =
+                tokio::task::spawn_blocking(move || failover_replica(&sh, &px, &server, d))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("panicked:{e}").replace(' ', "_")));
+            log_failover(&shared, outcome, log);
+        }
         FaultKind::FailoverLagging => {
             let sh = shared.clone();
             let outcome = tokio::task::spawn_blocking(move || {
                 let mut srv = server.lock().unwrap();
                 // the replica's copy: every write before `kept` survives
                 let kept = now_us();
-                if let Err(e) = srv.try_cmd(&["SAVE"]) {
-                    return Err(format!("save-failed:{e}").replace(' ', "_"));
+                // (an error reply, e.g. a fork for a replica's sync under way, is a failure
+                // too: the server would come back from an older file)
+                match srv.try_cmd(&["SAVE"]) {
+                    Ok(test_support::Reply::Status(_)) => {}
+                    other => {
+                        return Err(format!("save-failed:{other:?}").replace(' ', "_"));
+                    }
                 }
                 std::thread::sleep(d);
                 let (t0, dead) = kill_recorded(&sh, &mut srv);
@@ -371,26 +413,152 @@ async fn inject(
                 srv.restart();
                 let ready = now_us();
                 let _ = std::fs::remove_file(srv.dir().join("dump.rdb"));
-                Ok((kept, t0, dead, ready))
+                Ok((Some(kept), t0, dead, ready))
             })
             .await
             .unwrap_or_else(|e| Err(format!("panicked:{e}").replace(' ', "_")));
-            match outcome {
-                Ok((kept, t0, dead, ready)) => {
-                    shared
-                        .log
-                        .line(&format!("restart {t0} {dead} {ready} {kept}"));
-                    log(
-                        kept,
-                        None,
-                        None,
-                        format!("lag={ms}ms,kill={t0},dead={dead},ready={ready}"),
-                    );
-                }
-                Err(why) => log(now_us(), None, None, why),
-            }
+            log_failover(&shared, outcome, log);
         }
     }
+}
+
+/// Logs a failover (`restart … kept`, and its `fault` line from `kept`), or why it did not
+/// happen (`kept = None`: it lost everything, as a restart would).
+fn log_failover(
+    shared: &Shared,
+    outcome: Result<(Option<i64>, i64, i64, i64), String>,
+    log: impl Fn(i64, Option<usize>, Option<u32>, String),
+) {
+    match outcome {
+        Ok((Some(kept), t0, dead, ready)) => {
+            shared
+                .log
+                .line(&format!("restart {t0} {dead} {ready} {kept}"));
+            // the replica's real lag: from its copy to the kill
+            let lag = (t0 - kept) / 1000;
+            log(
+                kept,
+                None,
+                None,
+                format!("lag={lag}ms,kill={t0},dead={dead},ready={ready}"),
+            );
+        }
+        Ok((None, t0, dead, ready)) => {
+            shared.log.line(&format!("restart {t0} {dead} {ready}"));
+            log(
+                t0,
+                None,
+                None,
+                format!("promotion-failed,kill={t0},dead={dead},ready={ready}"),
+            );
+        }
+        Err(why) => log(now_us(), None, None, why),
+    }
+}
+
+/// The client's safety margin for a lease of `lease_ms` (lease / 10, at most 1 s).
+pub(crate) fn margin_ms(lease_ms: u64) -> u64 {
+    (lease_ms / 10).min(1000)
+}
+
+/// A failover to the replica, which lags by `lag`: see [`FaultKind::FailoverReplica`].
+/// Returns `(kept, kill, dead, ready)`: every write before `kept` is on the promoted replica,
+/// the master was killed at `kill`, gone at `dead`, and the replica answered as the new
+/// master, every proxy pointing at it, at `ready` (`kept = None`: the promotion failed and the
+/// master came back empty at `ready`).
+fn failover_replica(
+    shared: &Shared,
+    proxies: &[Arc<ClientProxy>],
+    server: &Mutex<Server>,
+    lag: Duration,
+) -> Result<(Option<i64>, i64, i64, i64), String> {
+    let mut replica = shared.replica.lock().unwrap();
+    let Some(Replica { server: rep, link }) = replica.as_mut() else {
+        return Err("no-replica".into());
+    };
+    let mut srv = server.lock().unwrap();
+    // every write before `kept` is on the replica once WAIT says so; a WAIT that took half a
+    // renewal interval or more (the replica still syncing) is tried again: the replica's lag,
+    // from `kept` to the kill, must stay below one renewal interval (the documented bound)
+    let budget = (shared.cfg.renew_ms * 1000 / 2) as i64;
+    let mut kept = None;
+    for _ in 0..5 {
+        let start = now_us();
+        let acked =
+            wait_for_replica(&srv).map_err(|e| format!("wait-failed:{e}").replace(' ', "_"))?;
+        if acked >= 1 && now_us() - start < budget {
+            kept = Some(start);
+            break;
+        }
+    }
+    let Some(kept) = kept else {
+        return Err("replica-not-in-sync".into());
+    };
+    // from here the replica receives nothing; the master runs on until `kept + lag` (the
+    // replica's lag, below one renewal interval: WAIT's time counts in it)
+    link.blackhole(true);
+    let lagged = Duration::from_micros((now_us() - kept).max(0) as u64);
+    std::thread::sleep(lag.saturating_sub(lagged));
+    let (t0, dead) = kill_recorded(shared, &mut srv);
+    // what the link held never reaches the replica
+    link.sever_all();
+    if !matches!(
+        rep.try_cmd(&["REPLICAOF", "NO", "ONE"]),
+        Ok(test_support::Reply::Status(_))
+    ) {
+        // no promotion: the master comes back empty (everything lost, as in
+        // `restart-data-loss`), and the replica follows it again
+        eprintln!("redsem-chaos: the replica could not be promoted; restarting the master empty");
+        restart_empty(&mut srv);
+        link.blackhole(false);
+        return Ok((None, t0, dead, now_us()));
+    }
+    // the promoted replica is the master now; the dead one is the replica-to-be
+    std::mem::swap(&mut *srv, rep);
+    let targets = proxies.iter().chain(shared.direct_proxy.as_ref());
+    for p in targets {
+        // their connections went to the dead master: reset, and new ones go to the new one
+        p.cut(Class::Cmd);
+        p.cut(Class::Pubsub);
+        p.set_upstream(srv.addr());
+    }
+    let ready = now_us();
+    // the old master comes back, empty, as a replica of the new one
+    restart_empty(rep);
+    match attach_replica(rep, srv.addr()) {
+        Ok(l) => *link = l,
+        Err(e) => eprintln!("redsem-chaos: the old master did not come back as a replica: {e:#}"),
+    }
+    Ok((Some(kept), t0, dead, ready))
+}
+
+/// A write and `WAIT 1` on one connection to `srv`: how many replicas have every write the
+/// master made before it.
+fn wait_for_replica(srv: &Server) -> redis::RedisResult<i64> {
+    let client = redis::Client::open(srv.url())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let (acked,): (i64,) = redis::pipe()
+        .cmd("SET")
+        .arg("chaos:failover-mark")
+        .arg(1)
+        .ignore()
+        .cmd("DEL")
+        .arg("chaos:failover-mark")
+        .ignore()
+        .cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut conn)?;
+    Ok(acked)
+}
+
+/// Starts `srv` again with no data: without the `dump.rdb` a replica's full sync may have left
+/// in its directory (a server persists nothing, but a replica stores what its master sends
+/// it), which the restart would load.
+fn restart_empty(srv: &mut Server) {
+    let _ = std::fs::remove_file(srv.dir().join("dump.rdb"));
+    srv.restart();
 }
 
 /// Kills Redis, recording the restart's start and death in `shared.restarts` (what the

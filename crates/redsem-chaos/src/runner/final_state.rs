@@ -63,6 +63,11 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
         clients = list
             .lines()
             .filter(|l| !l.contains("cmd=client|list") && !l.trim().is_empty())
+            // the replica's link (`failover-replica`) is not a client's
+            .filter(|l| {
+                !l.split(' ')
+                    .any(|f| f.strip_prefix("flags=").is_some_and(|f| f.contains('S')))
+            })
             .map(str::to_owned)
             .collect();
         if clients.is_empty() {

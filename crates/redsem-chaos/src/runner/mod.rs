@@ -1,6 +1,12 @@
 //! The runner: a private Redis, one [`ClientProxy`] per worker slot, the worker processes
 //! (replaced when killed), the fenced resource, the snapshotter, and the fault schedule.
 //!
+//! With `failover-replica`, Redis has a replica, which replicates through a link (a
+//! `FaultProxy`) the runner can black-hole and sever, and the runner reads Redis (snapshots,
+//! operator, final state) through an unfaulted [`ClientProxy`]: a failover re-points it and
+//! the workers' proxies at the promoted replica. With `clock-step`, the server (Valkey) and its
+//! replica run under `libfaketime`, on one clock the runner steps forward.
+//!
 //! `runner.log` (times in µs of `CLOCK_REALTIME`):
 //!
 //! | line | meaning |
@@ -9,7 +15,8 @@
 //! | `spawn <t> <worker> <slot> <pid>` | a worker process started in a slot (behind that slot's proxy) |
 //! | `exit <t> <worker> <how>` | it exited: `killed` (by a fault), `ok`, `code:<n>`, `signal:<n>`, `hung` (SIGKILLed at the end) |
 //! | `fault <t0> <t1> <kind> <slot> <worker> <detail>` | a fault, from its start to its end (`-` where not applicable) |
-//! | `restart <start> <dead> <ready>` | Redis killed at `start`, gone at `dead`, answering again (empty) at `ready` |
+//! | `restart <start> <dead> <ready> [<kept>]` | Redis killed at `start`, gone at `dead`, answering again (empty; or, after a failover, with every write made before `kept`) at `ready` |
+//! | `clock <t0> <t1> <offset_us>` | Redis's clock set to real time + `offset_us` between `t0` and `t1` (`clock-step`) |
 //! | `hold <t> <worker> <op> <sem> <epoch>` | a holder registered with the resource; `epoch` is the Redis incarnation of its grant (`?` unknown) |
 //! | `write <t> <worker> <op> <sem> <slot> <epoch> <gen> <sent> <A/R/X>` | a fenced write and the resource's decision |
 //!
@@ -36,14 +43,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use test_support::{Flavor, Server, ServerOptions};
+use test_support::{FakeClock, FaultProxy, Flavor, Server, ServerOptions};
 use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use final_state::FinalState;
 
-use crate::config::Config;
+use crate::config::{Config, FaultKind};
 use crate::events::Log;
 use crate::now_us;
 use crate::proxy::ClientProxy;
@@ -68,6 +75,37 @@ pub fn epoch_of(restarts: &[(i64, i64)], from: i64, to: i64) -> Option<u32> {
         return None;
     }
     Some(epoch)
+}
+
+/// The replica of the run's Redis (with `failover-replica`), and the link it replicates
+/// through (a proxy to the master the runner can black-hole and sever).
+struct Replica {
+    server: Server,
+    link: FaultProxy,
+}
+
+/// Makes `server` a replica of `master` through a fresh link; waits (up to 10 s) for the
+/// link to be up.
+fn attach_replica(server: &Server, master: std::net::SocketAddr) -> anyhow::Result<FaultProxy> {
+    let link = FaultProxy::start(master);
+    let port = link.addr().port().to_string();
+    server
+        .try_cmd(&["REPLICAOF", "127.0.0.1", &port])
+        .context("REPLICAOF")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = server.try_cmd(&["INFO", "replication"]);
+        if let Ok(test_support::Reply::Bulk(text)) = &info
+            && text.contains("master_link_status:up")
+        {
+            return Ok(link);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the replica did not sync: {info:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[derive(Default)]
@@ -99,7 +137,15 @@ struct Shared {
     /// A direct connection, to tell which Redis incarnation holds a grant whose acquire
     /// overlapped a restart.
     direct: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    /// How the runner reaches Redis (the server, or with a replica, an unfaulted proxy that
+    /// follows the failovers).
     redis_url: String,
+    /// With `failover-replica`: the replica, and the proxy behind `redis_url`.
+    replica: Mutex<Option<Replica>>,
+    direct_proxy: Option<Arc<ClientProxy>>,
+    /// With `clock-step`: Redis's clock, and its offset from real time (ms).
+    clock: Option<FakeClock>,
+    clock_offset_ms: Mutex<i64>,
 }
 
 impl Shared {
@@ -119,14 +165,44 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         "valkey" => Flavor::Valkey,
         _ => Flavor::Redis,
     };
-    let server = tokio::task::spawn_blocking(move || {
+    let with_replica = cfg.faults.contains(&FaultKind::FailoverReplica);
+    let clock = if cfg.faults.contains(&FaultKind::ClockStep) {
+        Some(FakeClock::new().context("clock-step needs libfaketime (scripts/install-deps.sh)")?)
+    } else {
+        None
+    };
+    let mut opts = ServerOptions::default();
+    if let Some(c) = &clock {
+        // master and replica share the clock, as two machines in sync would
+        opts.env = c.env();
+    }
+    if with_replica {
+        // a replica that resyncs (after a restart of its master) gets the data at once
+        opts.extra_args = ["--repl-diskless-sync-delay", "0"].map(String::from).into();
+    }
+    let (server, replica) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         // test-support's servers persist nothing: a restart loses everything
-        Server::start_with(flavor, ServerOptions::default())
+        let server = Server::start_with(flavor, opts.clone());
+        let replica = if with_replica {
+            let r = Server::start_with(flavor, opts);
+            let link = attach_replica(&r, server.addr())?;
+            Some(Replica { server: r, link })
+        } else {
+            None
+        };
+        Ok((server, replica))
     })
     .await
-    .context("starting the server")?;
+    .context("starting the server")??;
     let redis_addr = server.addr();
-    let redis_url = server.url();
+    let direct_proxy = if with_replica {
+        Some(Arc::new(ClientProxy::start(redis_addr).await?))
+    } else {
+        None
+    };
+    let redis_url = direct_proxy
+        .as_ref()
+        .map_or_else(|| server.url(), |p| p.url());
     let server = Arc::new(Mutex::new(server));
     // the fenced resource's own Redis: no fault touches it
     let store_server =
@@ -152,6 +228,10 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         operator: tokio::sync::Mutex::new(None),
         direct: tokio::sync::Mutex::new(None),
         redis_url: redis_url.clone(),
+        replica: Mutex::new(replica),
+        direct_proxy,
+        clock,
+        clock_offset_ms: Mutex::new(0),
     });
     shared.log.line(&format!("phase {} start", now_us()));
 
@@ -261,7 +341,12 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     )?;
     shared.log.flush();
     let server = server.clone();
-    tokio::task::spawn_blocking(move || server.lock().unwrap().stop()).await?;
+    let replica = shared.replica.lock().unwrap().take();
+    tokio::task::spawn_blocking(move || {
+        server.lock().unwrap().stop();
+        drop(replica);
+    })
+    .await?;
     Ok(())
 }
 
