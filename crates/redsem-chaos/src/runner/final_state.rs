@@ -89,6 +89,10 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
     st.foreign_keys = keys.into_iter().filter(|k| !known.contains(k)).collect();
     let now_ms = st.read_at / 1000;
+    // Lease expiries are in Redis's time, which a `clock-step` fault moved ahead of real
+    // time: they are compared in real time
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+    let redis_ahead_ms = (secs * 1_000_000 + micros) / 1000 - now_ms;
     let mut latest_expiry = 0i64;
     for s in &cfg.sems {
         let [_, queue, exp, meta, slots, _, own] = cfg.keys(&s.name)?;
@@ -130,7 +134,7 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
             }
         }
         for (id, score) in &exp {
-            let score = *score as i64;
+            let score = *score as i64 - redis_ahead_ms;
             latest_expiry = latest_expiry.max(score);
             if score > st.exited_at / 1000 + cfg.lease_ms as i64 + cfg.slack_ms as i64 {
                 st.leases_too_long.push(format!(
