@@ -80,10 +80,11 @@ impl SemaphoreBuilder {
     }
 
     /// Longest time a waiter relies on notifications alone (default 1 s): while this handle
-    /// has waiters, one batched call per interval also looks for grants whose notification
-    /// was lost (and renews the waiters' leases). The waiters are checked every fallback
-    /// interval or every renewal interval, whichever is shorter. It costs one script call per
-    /// such interval per handle (one more per 512 waiters beyond the first 512).
+    /// has waiters, one call per interval renews their session and learns the head of the
+    /// queue, which reveals grants whose notification was lost (those waiters are then
+    /// checked one by one). It runs every fallback interval or every renewal interval,
+    /// whichever is shorter, and costs one script call per such interval per handle,
+    /// whatever the number of waiters.
     pub fn fallback_poll(mut self, every: Duration) -> Self {
         self.fallback_poll = every;
         self

@@ -63,9 +63,9 @@
 //! master), plus a heartbeat and a batching task per open semaphore handle. Per acquisition:
 //! at most one script call (acquisitions made while a call is in flight share the next one),
 //! plus at most one to release (background releases are batched too). Per open semaphore
-//! handle: one batched renewal call per renewal interval while holding, and per fallback or
-//! renewal interval, whichever is shorter, while waiting (one more per 512 waiters beyond the
-//! first 512).
+//! handle: one renewal call per renewal interval while holding, and per fallback or renewal
+//! interval, whichever is shorter, while waiting; it renews the handle's session (the leases
+//! of all its holders and waiters), so its cost does not grow with the number of waiters.
 //!
 //! # Feature flags
 //!

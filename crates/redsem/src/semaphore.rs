@@ -36,9 +36,10 @@ pub use crate::keys::MAX_LIMIT;
 /// At most one script call per acquisition (granted at once, or queued and later notified
 /// with no further round trip; acquisitions made while a call is in flight share the next
 /// one) and one per release, whatever the number of waiters. Per open semaphore handle, one
-/// batched renewal call every renewal interval while it holds permits, and every fallback
-/// or renewal interval, whichever is shorter, while it has waiters (one more per 512
-/// waiters beyond the first 512).
+/// renewal call every renewal interval while it holds permits, and every fallback or
+/// renewal interval, whichever is shorter, while it has waiters: it renews the handle's
+/// session and checks its holders, and costs Redis the same whatever the number of waiters
+/// (waiters are checked one by one only when a lost notification is suspected).
 ///
 /// Cloning is cheap; clones share waiters, holders, heartbeat and channel.
 #[derive(Clone)]

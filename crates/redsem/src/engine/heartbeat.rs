@@ -1,13 +1,14 @@
-//! The heartbeat: one task per semaphore handle that renews every local lease in one batched
-//! call (one more per 512 waiters beyond the first 512), finds grants whose notification was
-//! lost, and declares permits lost in time. Its [`Schedule`] is its own: the rest of the
+//! The heartbeat: one task per semaphore handle that renews the handle's sessions (the
+//! leases of all its holders and waiters) and checks its holders in one call, checks the
+//! waiters it has reason to doubt (see [`in_doubt`]; one more call per 512 of them), which
+//! finds grants whose notification was lost, and declares permits lost in time. Its [`Schedule`] is its own: the rest of the
 //! engine only tells it what happened ([`Heartbeat::lease_expires_in`],
 //! [`Heartbeat::first_waiter`], [`Heartbeat::recheck_now`]).
 //!
 //! It wakes at the earliest of:
 //! - the renewal time of the holders (last renewal + renewal interval);
 //! - the check of the waiters (last check + the shorter of the fallback and renewal
-//!   intervals: a waiter's lease must be renewed too);
+//!   intervals: the waiters' session must be renewed too);
 //! - the moment a lease in Redis is due to expire (as reported by the last script, plus
 //!   [`REAP_SLACK`]): a crashed holder's slot is then reclaimed by this call and granted to
 //!   the head of the queue, so crash recovery does not wait for the fallback poll;
@@ -49,9 +50,9 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 /// lease has expired by Redis's clock too.
 const REAP_SLACK: Duration = Duration::from_millis(2);
 
-/// Most waiters renewed by one call. Every holder goes in the first call; thousands of
-/// waiters are spread over several calls, so that no call (its arguments and its reply,
-/// held in memory at once) grows with the number of waiters.
+/// Most waiters checked by one call. Every holder goes in the first call; thousands of
+/// waiters in doubt (after a reconnect) are spread over several calls, so that no call (its
+/// arguments and its reply, held in memory at once) grows with the number of waiters.
 const WAITERS_PER_CALL: usize = 512;
 
 /// When the heartbeat runs next: the times it keeps besides the leases themselves.
