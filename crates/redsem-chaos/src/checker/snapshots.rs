@@ -9,7 +9,7 @@
 //! (`clock-step`). After a step, Redis's times (the snapshot's, the leases' expiries, the
 //! grants') are turned into real time (see `Logs::real_time`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::Context;
@@ -157,6 +157,22 @@ impl Snapshot {
     /// The permits held with valid leases.
     pub(super) fn used(&self) -> i64 {
         self.holders().iter().map(|e| e.n.max(0)).sum()
+    }
+
+    /// The slots that the scripts count as taken: mapped in the slot table to an entry whose
+    /// lease is valid. After a loss of the records (`meta`), a holder's slot stays taken
+    /// while its lease is valid although no record lists it (docs/PROTOCOL.md, "Lost keys").
+    pub(super) fn taken(&self) -> i64 {
+        let valid: HashSet<u32> = self
+            .entries
+            .iter()
+            .filter(|e| self.valid(e))
+            .map(|e| e.id)
+            .collect();
+        self.slot_table
+            .values()
+            .filter(|id| valid.contains(id))
+            .count() as i64
     }
 
     /// The queued entries, in queue order (valid or not).

@@ -76,7 +76,9 @@ impl FreeWaits {
         // the head of the queue fits in free permits
         let waiters = s.waiters();
         let head = waiters.iter().find(|e| s.valid(e));
-        let used = s.used();
+        // what the scripts count: the records' permits, or the slot table's when a loss of
+        // the records left it holding more
+        let used = s.used().max(s.taken());
         let fits = head.filter(|h| used + h.n <= s.limit).map(|h| h.id);
         let ep = &mut self.episodes[sem];
         match (fits, ep.as_mut()) {
