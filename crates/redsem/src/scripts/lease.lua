@@ -6,7 +6,7 @@
 --        {-1}                       gone (expired, released by someone else, lost with Redis
 --                                   data), or not a holder
 local now = now_ms()
-CHECK.own()
+check_zset(K_OWN)
 local limit = load_limit()
 settle(now, limit, false)
 local id = ARGV[4]

@@ -15,8 +15,8 @@ local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
 -- to create
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
-CHECK.own(); CHECK.slots(); CHECK.free(); CHECK.queue()
-if k > 0 then CHECK.exp() end
+check_zset(K_OWN); check_hash(K_SLOTS); check_zset(K_FREE); check_zset(K_QUEUE)
+if k > 0 then check_zset(K_EXP) end
 local limit = load_limit()
 local force = ARGV[4] == '1'
 local removed, unknown = 0, false

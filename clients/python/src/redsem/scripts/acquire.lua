@@ -15,7 +15,7 @@
 --        handled (a snapshot for Semaphore::available_permits).
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
-CHECK.own()
+check_zset(K_OWN)
 local limit = load_limit()
 settle(now, limit, false)
 local used = held_count()
