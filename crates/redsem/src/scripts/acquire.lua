@@ -20,13 +20,24 @@ local limit = load_limit()
 settle(now, limit, false)
 local used = held_count()
 local queued = nil
+local k = tonumber(ARGV[4])
+-- the records of the batch's ids that exist already (a request sent again): one HMGET
+local stored = {}
+do
+  local ids = {}
+  for j = 0, k - 1 do ids[j + 1] = ARGV[5 + 7 * j] end
+  local found = get_metas(ids)
+  for j, id in ipairs(ids) do
+    if found[j] then stored[id] = found[j] end
+  end
+end
 
 local function one(id, n, lease, wait_lease, channel, label, mode)
   if n > limit then return { -2, limit } end
-  local m = get_meta(id)
+  local m = (BUF and BUF.rec[id]) or stored[id]
   if m then
     if m.s then return held_reply(m) end
-    return { 0, m.t, next_expiry(now) }
+    return { 0, m.t, false }
   end
   m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
   -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
@@ -44,20 +55,30 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
   -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
   m.t = m.t or next_ticket()
-  redis.call('ZADD', K_QUEUE, m.t, id)
+  queue_add(m.t, id)
   queued = true
   local sid = sess_of(m)
-  redis.call('ZADD', K_EXP, 'GT', now + m.w, sid)
-  redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
-  redis.call('HSET', K_META, id, cjson.encode(m))
-  return { 0, m.t, next_expiry(now) }
+  extend_session(sid, now + m.w)
+  index_add(sid, id)
+  put_meta(id, m)
+  return { 0, m.t, false } -- (the next expiry is filled in once the batch is written)
 end
 
+-- The batch's writes are gathered and made at the end, one command per key (prelude's BUF).
+begin_writes()
 local replies = {}
-for j = 0, tonumber(ARGV[4]) - 1 do
+for j = 0, k - 1 do
   local b = 5 + 7 * j
   replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+end
+flush()
+local expiry = nil
+for _, r in ipairs(replies) do
+  if r[1] == 0 then
+    expiry = expiry or next_expiry(now)
+    r[3] = expiry
+  end
 end
 finish()
 local free = limit - used

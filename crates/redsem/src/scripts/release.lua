@@ -34,18 +34,19 @@ for i = 7 + k, 6 + k + d do
     redis.call('HSET', K_META, id, cjson.encode(m))
   end
 end
+local ids, seen = {}, {}
 for i = 7 + k + d, #ARGV do
   local id = ARGV[i]
-  local m = get_meta(id)
-  if m then
-    removed = removed + 1
-    drop_entry(id, m, limit, force)
-  else
-    -- no record: never written by redsem, or its record was lost (then its slots are freed,
-    -- and granted below)
-    drop_entry(id, nil, limit, false)
-    unknown = true
+  if not seen[id] then
+    seen[id] = true
+    ids[#ids + 1] = id
   end
+end
+if #ids > 0 then
+  -- an id without a record was never written by redsem, or its record was lost (then its
+  -- slots are freed, and granted below)
+  removed = drop_entries(ids, get_metas(ids), limit, force)
+  unknown = removed < #ids
 end
 for i = 7, 6 + k do
   local sid = ARGV[i]

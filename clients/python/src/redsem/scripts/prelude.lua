@@ -58,7 +58,96 @@ end
 local SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
 local CFG_DIRTY = false
 
+-- Calls f with `list` in pieces of at most 4000 elements (Lua's unpack takes about 8000).
+local function in_chunks(list, f)
+  local n = #list
+  if n == 0 then return end
+  if n <= 4000 then return f(list) end
+  for i = 1, n, 4000 do
+    local part = {}
+    for j = i, math.min(i + 3999, n) do part[#part + 1] = list[j] end
+    f(part)
+  end
+end
+
+-- The writes of a batch (acquire.lua): between begin_writes() and flush(), the records,
+-- slot mappings, index entries, queue entries and session leases that grant() and the
+-- scripts write are gathered here, and flush() makes them with one command per key instead
+-- of one per entry. What reads those keys flushes first (held_count, rare()); get_meta sees
+-- the gathered records.
+local BUF = nil
+local function begin_writes()
+  BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} }
+end
+local function flush()
+  local b = BUF
+  if not b then return end
+  BUF = nil
+  in_chunks(b.slots, function(a) redis.call('HSET', K_SLOTS, unpack(a)) end)
+  in_chunks(b.queue, function(a) redis.call('ZADD', K_QUEUE, unpack(a)) end)
+  in_chunks(b.own, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
+  for _, sid in ipairs(b.sids) do redis.call('ZADD', K_EXP, 'GT', b.exp[sid], sid) end
+  in_chunks(b.meta, function(a) redis.call('HSET', K_META, unpack(a)) end)
+end
+
+-- Writes the record of `id`.
+local function put_meta(id, m)
+  if BUF then
+    local t = BUF.meta
+    BUF.rec[id] = m
+    t[#t + 1] = id; t[#t + 1] = cjson.encode(m)
+  else
+    redis.call('HSET', K_META, id, cjson.encode(m))
+  end
+end
+
+-- Maps slots to holders: `map` = slot, id, slot, id...
+local function map_slots(map)
+  if BUF then
+    local t = BUF.slots
+    for i = 1, #map do t[#t + 1] = map[i] end
+  else
+    redis.call('HSET', K_SLOTS, unpack(map))
+  end
+end
+
+-- Adds `id` to the index of the session `sid`.
+local function index_add(sid, id)
+  if BUF then
+    local t = BUF.own
+    t[#t + 1] = 0; t[#t + 1] = sid .. '|' .. id
+  else
+    redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
+  end
+end
+
+-- Queues `id` with `ticket`.
+local function queue_add(ticket, id)
+  if BUF then
+    local t = BUF.queue
+    t[#t + 1] = ticket; t[#t + 1] = id
+  else
+    redis.call('ZADD', K_QUEUE, ticket, id)
+  end
+end
+
+-- Extends the lease of the session `sid` to at least `until_ms` (creating it if needed).
+local function extend_session(sid, until_ms)
+  if BUF then
+    local e = BUF.exp[sid]
+    if not e then
+      BUF.sids[#BUF.sids + 1] = sid
+      BUF.exp[sid] = until_ms
+    elseif until_ms > e then
+      BUF.exp[sid] = until_ms
+    end
+  else
+    redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
+  end
+end
+
 local function get_meta(id)
+  if BUF and BUF.rec[id] then return BUF.rec[id] end
   local raw = redis.call('HGET', K_META, id)
   if not raw then return nil end
   return cjson.decode(raw)
@@ -71,6 +160,7 @@ local function sess_of(m)
 end
 
 local function held_count()
+  flush()
   return redis.call('HLEN', K_SLOTS)
 end
 
@@ -120,6 +210,7 @@ end
 -- call on the common path does not pay for creating these functions.
 local RARE = nil
 local function rare()
+  flush()
   if RARE then return RARE end
   local R = {}
 
@@ -358,6 +449,54 @@ drop_entry = function(id, m, limit, tomb)
   end
 end
 
+-- Removes the entries `ids` (distinct) whose records are `ms` (false where there is none) as
+-- drop_entry does, with one command per key for all of them. Returns how many had a record.
+local function drop_entries(ids, ms, limit, tomb)
+  local del, unown, tombs, unmap, free, unqueue = {}, {}, {}, {}, {}, {}
+  local found = 0
+  for i, id in ipairs(ids) do
+    local m = ms[i]
+    if m then
+      found = found + 1
+      del[#del + 1] = id
+      local sid = sess_of(m)
+      unown[#unown + 1] = sid .. '|' .. id
+      if tomb then tombs[#tombs + 1] = 0; tombs[#tombs + 1] = sid .. '|!' .. id end
+      if m.s then
+        for _, sl in ipairs(m.s) do
+          unmap[#unmap + 1] = sl
+          if sl < limit then free[#free + 1] = sl; free[#free + 1] = sl end
+        end
+      else
+        unqueue[#unqueue + 1] = id
+      end
+    end
+  end
+  in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
+  in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
+  in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
+  in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
+  in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
+  in_chunks(unqueue, function(a) redis.call('ZREM', K_QUEUE, unpack(a)) end)
+  for i, id in ipairs(ids) do
+    if not ms[i] then drop_entry(id, nil, limit, false) end
+  end
+  return found
+end
+
+-- The records of `ids` (false where there is none), in order: one HMGET.
+local function get_metas(ids)
+  local out = {}
+  in_chunks(ids, function(a)
+    local raws = redis.call('HMGET', K_META, unpack(a))
+    for j = 1, #a do
+      local raw = raws[j]
+      out[#out + 1] = raw and cjson.decode(raw) or false
+    end
+  end)
+  return out
+end
+
 -- Removes every entry of every session whose lease expired (holders and waiters alike).
 local function reap(now, limit)
   local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 64)
@@ -422,18 +561,18 @@ local function grant(id, m, now, fresh, limit)
     fences[#fences + 1] = g
     map[#map + 1] = s; map[#map + 1] = id
   end
-  redis.call('HSET', K_SLOTS, unpack(map))
+  map_slots(map)
   local wait_sid = not fresh and sess_of(m)
   m.s, m.f, m.a = slots, fences, now
   if fresh then
     local sid = sess_of(m)
-    redis.call('ZADD', K_EXP, 'GT', now + m.l, sid)
-    redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
+    extend_session(sid, now + m.l)
+    index_add(sid, id)
   else
     redis.call('ZREM', K_QUEUE, id)
     if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
   end
-  redis.call('HSET', K_META, id, cjson.encode(m))
+  put_meta(id, m)
   GRANTS = GRANTS + 1
   return true
 end
