@@ -1,5 +1,5 @@
 //! [`Handle`]: the per-handle shared state behind a public `Semaphore` and its permits —
-//! the semaphore in Redis, the waiter/holder table, the heartbeat, the batching task, the
+//! the semaphore in Redis, the waiter/holder table, the heartbeat, the batching tasks, the
 //! notification channel — and how a handle is opened.
 //!
 //! The acquire path ([`acquire`](super::acquire)) and synced mode
@@ -28,6 +28,8 @@ pub(crate) struct Handle {
     pub(crate) ctx: Arc<Context>,
     /// Acquisitions go through the batching task (see batch.rs).
     pub(super) batch: mpsc::UnboundedSender<batch::Request>,
+    /// In-place releases, combined (see batch.rs).
+    pub(super) releases: Arc<batch::Releases<scripts::Conn>>,
     pub(crate) remote: Arc<Remote>,
     pub(crate) timing: Timing,
     /// This handle's channel id (it also starts the ids of its holders and waiters).
@@ -146,6 +148,7 @@ impl Handle {
                 label: s.label,
             },
         );
+        let releases = batch::Releases::new(remote.clone(), ctx.conn.clone());
         let table = Arc::new(Table::new(
             remote.clone(),
             ctx.releaser.clone(),
@@ -163,6 +166,7 @@ impl Handle {
         let handle = Arc::new(Handle {
             ctx: ctx.clone(),
             batch,
+            releases,
             remote,
             timing: s.timing,
             channel_id,

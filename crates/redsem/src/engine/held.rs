@@ -133,8 +133,9 @@ impl Held {
         }
     }
 
-    /// Releases the entry now and waits for Redis to confirm it (one round trip); on error,
-    /// the release is retried in the background.
+    /// Releases the entry now and waits for Redis to confirm it (one round trip, shared
+    /// with the releases of the same handle made meanwhile: see `batch::Releases`); on
+    /// error, the release is retried in the background.
     ///
     /// Cancel safe: the entry counts as released only once Redis confirmed it. Until then,
     /// dropping this future (or an error) leaves `released` unset, and [`Drop`] hands the
@@ -142,17 +143,12 @@ impl Held {
     /// is going either way.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         self.handle.table.forget_holder(&self.id);
-        let mut conn = self.handle.ctx.conn.clone();
-        let target = self.handle.remote.target();
-        match scripts::release(
-            &mut conn,
-            &target,
-            &scripts::Removal::of(&[&self.id]),
-            false,
-        )
-        .await
-        {
-            Ok(_) => {
+        let Some(result) = self.handle.releases.release(self.id.clone()).await else {
+            // never sent (the runtime is shutting down): `Drop` tries the releaser
+            return Err(Error::closed(self.handle.name()));
+        };
+        match result {
+            Ok(()) => {
                 self.released = true;
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,
                     ticket = self.grant.ticket, slots = ?self.grant.slots, "released");
