@@ -115,7 +115,7 @@ end
 local function index_add(sid, id)
   if BUF then
     local t = BUF.own
-    t[#t + 1] = 0; t[#t + 1] = sid .. '|' .. id
+    t[#t + 1] = '0'; t[#t + 1] = sid .. '|' .. id
   else
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
   end
@@ -461,11 +461,12 @@ local function drop_entries(ids, ms, limit, tomb)
       del[#del + 1] = id
       local sid = sess_of(m)
       unown[#unown + 1] = sid .. '|' .. id
-      if tomb then tombs[#tombs + 1] = 0; tombs[#tombs + 1] = sid .. '|!' .. id end
+      if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|!' .. id end
       if m.s then
         for _, sl in ipairs(m.s) do
-          unmap[#unmap + 1] = sl
-          if sl < limit then free[#free + 1] = sl; free[#free + 1] = sl end
+          local str = tostring(sl) -- (formatted once: each number argument is formatted)
+          unmap[#unmap + 1] = str
+          if sl < limit then free[#free + 1] = str; free[#free + 1] = str end
         end
       else
         unqueue[#unqueue + 1] = id
@@ -559,7 +560,7 @@ local function grant(id, m, now, fresh, limit)
     local s = tonumber(popped[i])
     slots[#slots + 1] = s
     fences[#fences + 1] = g
-    map[#map + 1] = s; map[#map + 1] = id
+    map[#map + 1] = popped[i]; map[#map + 1] = id
   end
   map_slots(map)
   local wait_sid = not fresh and sess_of(m)
