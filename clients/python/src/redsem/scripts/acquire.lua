@@ -55,17 +55,13 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
   -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
   m.t = m.t or next_ticket()
-  queue_add(m.t, id)
   queued = true
-  local sid = sess_of(m)
-  extend_session(sid, now + m.w)
-  index_add(sid, id)
-  put_meta(id, m)
+  write_entry(id, m, nil, m.t, sess_of(m), now + m.w)
   return { 0, m.t, false } -- (the next expiry is filled in once the batch is written)
 end
 
 -- The batch's writes are gathered and made at the end, one command per key (prelude's BUF).
-begin_writes()
+BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} }
 local replies = {}
 for j = 0, k - 1 do
   local b = 5 + 7 * j

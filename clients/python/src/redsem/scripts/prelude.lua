@@ -70,15 +70,12 @@ local function in_chunks(list, f)
   end
 end
 
--- The writes of a batch (acquire.lua): between begin_writes() and flush(), the records,
--- slot mappings, index entries, queue entries and session leases that grant() and the
--- scripts write are gathered here, and flush() makes them with one command per key instead
--- of one per entry. What reads those keys flushes first (held_count, rare()); get_meta sees
--- the gathered records.
+-- The writes of a batch (acquire.lua): while BUF is set (a table as below), write_entry
+-- gathers the records, slot mappings, index entries, queue entries and session leases it
+-- writes there, and flush() makes them with one command per key instead of one per entry.
+-- What reads those keys flushes first (held_count, rare()); get_meta sees the gathered
+-- records.
 local BUF = nil
-local function begin_writes()
-  BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} }
-end
 local function flush()
   local b = BUF
   if not b then return end
@@ -90,60 +87,43 @@ local function flush()
   in_chunks(b.meta, function(a) redis.call('HSET', K_META, unpack(a)) end)
 end
 
--- Writes the record of `id`.
-local function put_meta(id, m)
-  if BUF then
-    local t = BUF.meta
-    BUF.rec[id] = m
+-- Writes the record of `id`, and with it (each if given) its slot mappings `map` (slot, id,
+-- slot, id...), its queue entry under `ticket`, and its entry in the session `sid`, whose
+-- lease is raised to at least `until_ms`.
+local function write_entry(id, m, map, ticket, sid, until_ms)
+  local b = BUF
+  if b then
+    if map then
+      local t = b.slots
+      for i = 1, #map do t[#t + 1] = map[i] end
+    end
+    if ticket then
+      local t = b.queue
+      t[#t + 1] = ticket; t[#t + 1] = id
+    end
+    if sid then
+      local e = b.exp[sid]
+      if not e then
+        b.sids[#b.sids + 1] = sid
+        b.exp[sid] = until_ms
+      elseif until_ms > e then
+        b.exp[sid] = until_ms
+      end
+      local t = b.own
+      t[#t + 1] = '0'; t[#t + 1] = sid .. '|' .. id
+    end
+    local t = b.meta
+    b.rec[id] = m
     t[#t + 1] = id; t[#t + 1] = cjson.encode(m)
-  else
-    redis.call('HSET', K_META, id, cjson.encode(m))
+    return
   end
-end
-
--- Maps slots to holders: `map` = slot, id, slot, id...
-local function map_slots(map)
-  if BUF then
-    local t = BUF.slots
-    for i = 1, #map do t[#t + 1] = map[i] end
-  else
-    redis.call('HSET', K_SLOTS, unpack(map))
-  end
-end
-
--- Adds `id` to the index of the session `sid`.
-local function index_add(sid, id)
-  if BUF then
-    local t = BUF.own
-    t[#t + 1] = '0'; t[#t + 1] = sid .. '|' .. id
-  else
+  if map then redis.call('HSET', K_SLOTS, unpack(map)) end
+  if ticket then redis.call('ZADD', K_QUEUE, ticket, id) end
+  if sid then
+    redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
   end
-end
-
--- Queues `id` with `ticket`.
-local function queue_add(ticket, id)
-  if BUF then
-    local t = BUF.queue
-    t[#t + 1] = ticket; t[#t + 1] = id
-  else
-    redis.call('ZADD', K_QUEUE, ticket, id)
-  end
-end
-
--- Extends the lease of the session `sid` to at least `until_ms` (creating it if needed).
-local function extend_session(sid, until_ms)
-  if BUF then
-    local e = BUF.exp[sid]
-    if not e then
-      BUF.sids[#BUF.sids + 1] = sid
-      BUF.exp[sid] = until_ms
-    elseif until_ms > e then
-      BUF.exp[sid] = until_ms
-    end
-  else
-    redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
-  end
+  redis.call('HSET', K_META, id, cjson.encode(m))
 end
 
 local function get_meta(id)
@@ -449,42 +429,6 @@ drop_entry = function(id, m, limit, tomb)
   end
 end
 
--- Removes the entries `ids` (distinct) whose records are `ms` (false where there is none) as
--- drop_entry does, with one command per key for all of them. Returns how many had a record.
-local function drop_entries(ids, ms, limit, tomb)
-  local del, unown, tombs, unmap, free, unqueue = {}, {}, {}, {}, {}, {}
-  local found = 0
-  for i, id in ipairs(ids) do
-    local m = ms[i]
-    if m then
-      found = found + 1
-      del[#del + 1] = id
-      local sid = sess_of(m)
-      unown[#unown + 1] = sid .. '|' .. id
-      if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|!' .. id end
-      if m.s then
-        for _, sl in ipairs(m.s) do
-          local str = tostring(sl) -- (formatted once: each number argument is formatted)
-          unmap[#unmap + 1] = str
-          if sl < limit then free[#free + 1] = str; free[#free + 1] = str end
-        end
-      else
-        unqueue[#unqueue + 1] = id
-      end
-    end
-  end
-  in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
-  in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
-  in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-  in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
-  in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
-  in_chunks(unqueue, function(a) redis.call('ZREM', K_QUEUE, unpack(a)) end)
-  for i, id in ipairs(ids) do
-    if not ms[i] then drop_entry(id, nil, limit, false) end
-  end
-  return found
-end
-
 -- The records of `ids` (false where there is none), in order: one HMGET.
 local function get_metas(ids)
   local out = {}
@@ -562,18 +506,15 @@ local function grant(id, m, now, fresh, limit)
     fences[#fences + 1] = g
     map[#map + 1] = popped[i]; map[#map + 1] = id
   end
-  map_slots(map)
   local wait_sid = not fresh and sess_of(m)
   m.s, m.f, m.a = slots, fences, now
   if fresh then
-    local sid = sess_of(m)
-    extend_session(sid, now + m.l)
-    index_add(sid, id)
+    write_entry(id, m, map, nil, sess_of(m), now + m.l)
   else
     redis.call('ZREM', K_QUEUE, id)
     if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
+    write_entry(id, m, map)
   end
-  put_meta(id, m)
   GRANTS = GRANTS + 1
   return true
 end
