@@ -223,3 +223,49 @@ async fn a_waiter_removed_by_an_operator_queues_again() {
         assert_nothing_left(&server, "removed-waiter").await;
     }
 }
+
+/// A handle renews a lease length's session only while an entry may use it: acquisitions
+/// that each asked for a lease of their own leave no session renewed once released (their
+/// sessions expire in Redis), where renewing every length ever used would grow each
+/// renewal without bound.
+#[tokio::test]
+async fn a_lease_length_no_entry_uses_any_more_is_not_renewed() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "lease-lengths", 2, Duration::from_millis(900)).await;
+        // keeps the heartbeat renewing (in the handle's own session)
+        let plain = sem.acquire().await.unwrap();
+        for i in 0..10u64 {
+            let lease = Duration::from_millis(1000 + 100 * i);
+            let opts = redsem::AcquireOptions::new().lease(lease);
+            sem.acquire_with(opts)
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            card(&server, "lease-lengths", "exp"),
+            11,
+            "{}: one session per lease length used",
+            server.flavor()
+        );
+        // past the longest of those leases, with renewals every 300 ms meanwhile
+        let only_the_handles = eventually(Duration::from_secs(6), || {
+            card(&server, "lease-lengths", "exp") == 1
+        })
+        .await;
+        assert!(
+            only_the_handles,
+            "{}: sessions left: {}",
+            server.flavor(),
+            card(&server, "lease-lengths", "exp")
+        );
+        assert!(!plain.is_lost(), "{}", server.flavor());
+        plain.release().await.unwrap();
+        drop(sem);
+        client.flush_releases().await;
+        assert_nothing_left(&server, "lease-lengths").await;
+    }
+}

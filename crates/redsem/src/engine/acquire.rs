@@ -143,9 +143,9 @@ impl Handle {
             .as_ref()
             .and_then(|c| c.lease)
             .unwrap_or(self.timing.lease);
-        if holder_lease != self.timing.lease {
-            self.table.use_lease(holder_lease); // its session is renewed from now on
-        }
+        // its session is renewed from now on, and by the permit once granted
+        let lease_use =
+            (holder_lease != self.timing.lease).then(|| self.table.use_lease(holder_lease));
         let local = match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
@@ -195,7 +195,15 @@ impl Handle {
                             .insert(pending.id.to_string(), lease.clone());
                         self.table.poke.notify_one();
                         let id = pending.disarm();
-                        return Ok(Held::new(self.clone(), id, n, *grant, lease, local));
+                        return Ok(Held::new(
+                            self.clone(),
+                            id,
+                            n,
+                            *grant,
+                            lease,
+                            local,
+                            lease_use,
+                        ));
                     }
                     AcquireReply::Granted(grant) => {
                         self.table.deliver(&pending.id, Outcome::Granted(grant))
@@ -263,7 +271,15 @@ impl Handle {
                             continue;
                         }
                     };
-                    return Ok(Held::new(self.clone(), id, n, *grant, lease, local));
+                    return Ok(Held::new(
+                        self.clone(),
+                        id,
+                        n,
+                        *grant,
+                        lease,
+                        local,
+                        lease_use,
+                    ));
                 }
                 Ok(Outcome::Rejected) => {
                     pending.disarm();

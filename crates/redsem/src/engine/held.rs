@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::handle::Handle;
 use super::lease::LeaseState;
+use super::table::LeaseUse;
 use crate::error::{Error, LostReason};
 use crate::scripts::{self, EntryState, Grant};
 
@@ -22,6 +23,10 @@ pub(crate) struct Held {
     grant: Grant,
     lease: Arc<LeaseState>,
     _local: Option<OwnedSemaphorePermit>,
+    /// The lease lengths other than the handle's whose sessions this permit may be in
+    /// (asked for by its acquisition, or by [`set_lease`](Held::set_lease)): renewed while
+    /// it lives.
+    lease_uses: std::sync::Mutex<Vec<LeaseUse>>,
     released: bool,
     /// `redsem_local_holders` and `redsem_hold_seconds` (feature `metrics`).
     _hold: crate::metrics::HoldTimer,
@@ -35,6 +40,7 @@ impl Held {
         grant: Grant,
         lease: Arc<LeaseState>,
         local: Option<OwnedSemaphorePermit>,
+        lease_use: Option<LeaseUse>,
     ) -> Held {
         lease.set_granted(grant.clone());
         let _hold = crate::metrics::HoldTimer::new(handle.name());
@@ -46,6 +52,7 @@ impl Held {
             grant,
             lease,
             _local: local,
+            lease_uses: std::sync::Mutex::new(lease_use.into_iter().collect()),
             released: false,
         }
     }
@@ -111,7 +118,13 @@ impl Held {
             .check_holder_lease(len)
             .map_err(Error::InvalidArgument)?;
         let old = self.lease.len();
-        self.handle.table.use_lease(len);
+        if len != self.handle.timing.lease {
+            let ms = len.as_millis() as u64;
+            let mut uses = self.lease_uses.lock().unwrap();
+            if !uses.iter().any(|u| u.ms() == ms) {
+                uses.push(self.handle.table.use_lease(len));
+            }
+        }
         self.lease.cap_len(len);
         self.handle.table.poke.notify_one(); // the deadline may have moved closer
         let sent = Instant::now();

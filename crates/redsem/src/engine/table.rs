@@ -5,7 +5,7 @@
 //! call, a notification, the heartbeat, or closing the handle. Whatever is resolved after
 //! its acquire was dropped is released in the background, so nothing leaks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,8 +68,16 @@ pub(crate) struct Entries {
     /// Keyed by the waiter's id, shared with its pending acquire (one allocation).
     pub(crate) waiters: HashMap<Arc<str>, Waiter>,
     pub(crate) holders: HashMap<String, Arc<LeaseState>>,
-    /// Every lease length (ms) this handle's entries have used: one session each in Redis.
-    pub(crate) leases: BTreeSet<u64>,
+    /// The lease lengths (ms) in use, each with how many use it: one session each in Redis,
+    /// renewed while in use. The waiters' lease (the handle's) is always in use; another is
+    /// in use while an acquisition that asked for it is pending, or a permit may be in its
+    /// session ([`LeaseUse`]). A session no longer in use is not renewed: it expires in Redis
+    /// (with any entry whose release did not reach Redis), so that a handle whose
+    /// acquisitions ask for many lease lengths does not renew them all for ever.
+    pub(crate) leases: BTreeMap<u64, usize>,
+    /// The lease lengths (ms) that went out of use, and when: their sessions may still be in
+    /// Redis until one lease after that, and a closing handle ends them too.
+    pub(crate) unused: BTreeMap<u64, Instant>,
 }
 
 impl Entries {
@@ -112,6 +120,37 @@ impl Entries {
     }
 }
 
+/// One use of a lease length by an entry of the handle (a pending acquisition that asked for
+/// it, or a permit that may be in its session): its session is renewed while a use lives.
+pub(crate) struct LeaseUse {
+    table: Arc<Table>,
+    ms: u64,
+}
+
+impl LeaseUse {
+    /// The lease length used, in ms.
+    pub(crate) fn ms(&self) -> u64 {
+        self.ms
+    }
+}
+
+impl Drop for LeaseUse {
+    fn drop(&mut self) {
+        let mut st = self.table.lock();
+        if let Some(n) = st.leases.get_mut(&self.ms) {
+            *n -= 1;
+            if *n == 0 {
+                st.leases.remove(&self.ms);
+                let now = Instant::now();
+                // (those unused for longer than their lease have expired in Redis)
+                st.unused
+                    .retain(|&ms, at| now.duration_since(*at) < Duration::from_millis(ms));
+                st.unused.insert(self.ms, now);
+            }
+        }
+    }
+}
+
 /// The table of one handle, and what resolving an entry needs: the releaser (for what
 /// nobody waits for any more) and the heartbeat's wake-up (its schedule changes).
 pub(crate) struct Table {
@@ -134,7 +173,8 @@ impl Table {
         channel_id: String,
     ) -> Table {
         let mut entries = Entries::default();
-        entries.leases.insert(wait_lease.as_millis() as u64);
+        // always in use (never released)
+        entries.leases.insert(wait_lease.as_millis() as u64, 1);
         Table {
             entries: Mutex::new(entries),
             remote,
@@ -150,24 +190,44 @@ impl Table {
     }
 
     /// An entry of this handle is about to use a lease of `len`: its session is renewed
-    /// from now on.
-    pub(crate) fn use_lease(&self, len: Duration) {
-        self.lock().leases.insert(len.as_millis() as u64);
+    /// from now on, as long as the returned [`LeaseUse`] (or another for the same length)
+    /// lives.
+    pub(crate) fn use_lease(self: &Arc<Self>, len: Duration) -> LeaseUse {
+        let ms = len.as_millis() as u64;
+        let mut st = self.lock();
+        *st.leases.entry(ms).or_insert(0) += 1;
+        st.unused.remove(&ms);
+        drop(st);
+        LeaseUse {
+            table: self.clone(),
+            ms,
+        }
     }
 
     /// The sessions of this handle, with their leases in ms: `(id, lease)`.
     pub(crate) fn sessions(&self) -> Vec<(String, u64)> {
         self.lock()
             .leases
-            .iter()
+            .keys()
             .map(|&ms| (crate::scripts::session_id(&self.channel_id, ms), ms))
             .collect()
     }
 
     /// Ends this handle's sessions in Redis in the background (each only if no entry is left
-    /// in it): the handle is gone.
+    /// in it), those in use and those that went out of use less than their lease ago: the
+    /// handle is gone.
     pub(crate) fn end_sessions(&self) {
-        let sessions = self.sessions().into_iter().map(|(sid, _)| sid).collect();
+        let unused: Vec<u64> = self.lock().unused.keys().copied().collect();
+        let sessions = self
+            .sessions()
+            .into_iter()
+            .map(|(sid, _)| sid)
+            .chain(
+                unused
+                    .into_iter()
+                    .map(|ms| crate::scripts::session_id(&self.channel_id, ms)),
+            )
+            .collect();
         self.releaser.send(super::releaser::Job::EndSessions {
             remote: self.remote.clone(),
             sessions,
