@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
 use redis::{
     Cmd, ConnectionInfo, Pipeline, ProtocolVersion, PushInfo, RedisError, RedisFuture, RedisResult,
     Value,
@@ -273,6 +274,16 @@ impl Conn {
         Ok(out)
     }
 
+    /// Which calls on `key` may share a script call with calls on other keys: all of them on
+    /// one server (or the current Sentinel master), those of one hash slot on a cluster (a
+    /// script's keys must share a slot there).
+    pub(crate) fn node_of(&self, key: &str) -> Node {
+        match self {
+            Conn::Cluster(_) => Node::Slot(Slot::for_key(key)),
+            _ => Node::Single,
+        }
+    }
+
     /// Sends `pipeline` to the master that holds `key` (the node a script on `key` runs on).
     pub(crate) async fn pipeline_on_key(
         &mut self,
@@ -284,6 +295,15 @@ impl Conn {
             _ => pipeline.query_async(self).await,
         }
     }
+}
+
+/// Where a key lives, as far as a script call's keys must agree ([`Conn::node_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Node {
+    /// One server: any keys.
+    Single,
+    /// A cluster: the keys of one hash slot.
+    Slot(Slot),
 }
 
 /// The subscriber connection, on which the scripts' grants are pushed.

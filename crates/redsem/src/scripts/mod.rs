@@ -17,6 +17,7 @@ use std::sync::LazyLock;
 use redis::{Script, Value};
 
 pub(crate) use crate::backend::Conn;
+pub(crate) use crate::backend::Node;
 use crate::error::{CallError, CallResult};
 use crate::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
@@ -71,8 +72,36 @@ impl Lua {
         denied::script(e, self.name, &self.source, t.keys, t.publish)
     }
 
-    fn hash(&self) -> &str {
-        self.script.get_hash()
+    /// Runs the script as an `EVALSHA` whose arguments (after the hash) `args` adds, followed
+    /// by the commands `then` adds, in one pipeline on the node that holds `t`'s keys.
+    /// Errors stay values, nested ones included (the script's reply is the first value; an
+    /// error of the script itself is returned, explained as [`run`](Self::run) does); a
+    /// script Redis does not know yet is loaded, and the pipeline sent again.
+    async fn pipelined(
+        &self,
+        conn: &mut Conn,
+        t: &Target<'_>,
+        args: impl Fn(&mut redis::Cmd),
+        then: impl Fn(&mut redis::Pipeline),
+    ) -> CallResult<Vec<Value>> {
+        for attempt in 0..2 {
+            let mut evalsha = redis::cmd("EVALSHA");
+            evalsha.arg(self.script.get_hash());
+            args(&mut evalsha);
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().add_command(evalsha);
+            then(&mut pipe);
+            let values = conn.pipeline_on_key(&t.keys.all[0], &pipe).await?;
+            match values.first() {
+                Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && attempt == 0 => {
+                    self.load(conn).await?;
+                }
+                Some(Value::ServerError(e)) => return Err(self.explain(e.clone().into(), t)),
+                Some(_) => return Ok(values),
+                None => return Err(reply::unexpected(&Value::Array(values))),
+            }
+        }
+        unreachable!("the second attempt returns")
     }
 
     async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
@@ -87,6 +116,15 @@ impl Lua {
 static ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("acquire", "", include_str!("acquire.lua")));
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new("renew", "", include_str!("renew.lua")));
+/// `renew.lua` for several semaphores in one call: the prelude, `renew.lua` wrapped as the
+/// function `renew_one`, then the loop over the semaphores (`renew_many.lua`).
+static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
+    let renew_one = format!(
+        "local function renew_one()\n{}\nend",
+        include_str!("renew.lua")
+    );
+    Lua::new("renew_many", &renew_one, include_str!("renew_many.lua"))
+});
 static LEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new("lease", "", include_str!("lease.lua")));
 static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("release", "", include_str!("release.lua")));
@@ -109,6 +147,7 @@ static RELEASE_EXISTING: LazyLock<Lua> =
 
 /// What a script needs to address one semaphore: its keys, the limit to (re)create it with,
 /// and how grants are published.
+#[derive(Clone, Copy)]
 pub(crate) struct Target<'a> {
     pub(crate) keys: &'a Keys,
     pub(crate) limit: u32,
@@ -183,6 +222,73 @@ pub(crate) async fn renew(
     reply::renew(&v, sessions.len(), ids.len())
 }
 
+/// One semaphore's part of a [`renew_many`] call: what [`renew`] takes.
+pub(crate) struct RenewArgs<'a> {
+    pub(crate) target: Target<'a>,
+    pub(crate) sessions: &'a [Session<'a>],
+    pub(crate) ids: &'a [&'a str],
+}
+
+/// Adds to `cmd` the arguments of a `renew.lua` call on `a.target`: the common header, the
+/// sessions, the ids.
+fn renew_keys_and_args(cmd: &mut redis::Cmd, a: &RenewArgs<'_>) {
+    cmd.arg(a.target.limit)
+        .arg(&a.target.keys.channel_base)
+        .arg(a.target.publish)
+        .arg(a.sessions.len());
+    for (sid, ms) in a.sessions {
+        cmd.arg(*sid).arg(*ms);
+    }
+    for id in a.ids {
+        cmd.arg(*id);
+    }
+}
+
+/// [`renew`] for several semaphores in one `renew_many.lua` call (their keys must live on one
+/// node; on a cluster, in one hash slot). One result per semaphore, in order: a semaphore
+/// whose renewal fails (a key of a foreign type, another protocol version, a refusal by ACL)
+/// fails alone, with the error a [`renew`] of it would give. `Err` when the call as a whole
+/// failed.
+pub(crate) async fn renew_many(
+    conn: &mut Conn,
+    batch: &[RenewArgs<'_>],
+) -> CallResult<Vec<CallResult<Renewal>>> {
+    let Some(first) = batch.first() else {
+        return Ok(Vec::new());
+    };
+    let values = RENEW_MANY
+        .pipelined(
+            conn,
+            &first.target,
+            |cmd| {
+                cmd.arg(7 * batch.len());
+                for a in batch {
+                    cmd.arg(&a.target.keys.all[..]);
+                }
+                cmd.arg(batch.len());
+                for a in batch {
+                    cmd.arg(4 + 2 * a.sessions.len() + a.ids.len());
+                    renew_keys_and_args(cmd, a);
+                }
+            },
+            |_| {},
+        )
+        .await?;
+    let replies = match values.first() {
+        Some(Value::Array(replies)) if replies.len() == batch.len() => replies,
+        Some(other) => return Err(reply::unexpected(other)),
+        None => return Err(reply::unexpected(&Value::Nil)),
+    };
+    Ok(replies
+        .iter()
+        .zip(batch)
+        .map(|(v, a)| match v {
+            Value::ServerError(e) => Err(RENEW_MANY.explain(e.clone().into(), &a.target)),
+            v => reply::renew(v, a.sessions.len(), a.ids.len()),
+        })
+        .collect())
+}
+
 /// Sets the lease of the holder `id` to `lease_ms` and extends it by that much from now
 /// (never re-creates the entry). Returns its state: held, or gone.
 pub(crate) async fn set_lease(
@@ -214,47 +320,35 @@ pub(crate) async fn renew_and_wait(
     replicas: u32,
     timeout: std::time::Duration,
 ) -> CallResult<SyncedRenewal> {
-    for attempt in 0..2 {
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha
-            .arg(RENEW.hash())
-            .arg(t.keys.all.len())
-            .arg(&t.keys.all[..])
-            .arg(t.limit)
-            .arg(&t.keys.channel_base)
-            .arg(t.publish)
-            .arg(sessions.len());
-        for (sid, ms) in sessions {
-            evalsha.arg(*sid).arg(*ms);
-        }
-        for id in ids {
-            evalsha.arg(*id);
-        }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors()
-            .add_command(evalsha)
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout.as_millis() as u64);
-        let values = conn.pipeline_on_key(&t.keys.all[0], &pipe).await?;
-        let (renewed, acked) = match values.as_slice() {
-            [renewed, acked] => (renewed, acked),
-            _ => return Err(reply::unexpected(&Value::Array(values))),
-        };
-        if let Value::ServerError(e) = renewed {
-            if e.code() == "NOSCRIPT" && attempt == 0 {
-                RENEW.load(conn).await?;
-                continue;
-            }
-            return Err(RENEW.explain(e.clone().into(), t));
-        }
-        if let Value::ServerError(e) = acked {
-            return Err(CallError::Redis(e.clone().into()));
-        }
-        let renewal = reply::renew(renewed, sessions.len(), ids.len())?;
-        return Ok((renewal, reply::integer(acked)?.max(0) as u32));
+    let a = RenewArgs {
+        target: *t,
+        sessions,
+        ids,
+    };
+    let values = RENEW
+        .pipelined(
+            conn,
+            t,
+            |cmd| {
+                cmd.arg(t.keys.all.len()).arg(&t.keys.all[..]);
+                renew_keys_and_args(cmd, &a);
+            },
+            |pipe| {
+                pipe.cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout.as_millis() as u64);
+            },
+        )
+        .await?;
+    let (renewed, acked) = match values.as_slice() {
+        [renewed, acked] => (renewed, acked),
+        _ => return Err(reply::unexpected(&Value::Array(values))),
+    };
+    if let Value::ServerError(e) = acked {
+        return Err(CallError::Redis(e.clone().into()));
     }
-    unreachable!("the second attempt returns")
+    let renewal = reply::renew(renewed, sessions.len(), ids.len())?;
+    Ok((renewal, reply::integer(acked)?.max(0) as u32))
 }
 
 /// What one `release.lua` call does: remove `ids` (holders or queued waiters), detach the

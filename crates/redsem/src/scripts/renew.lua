@@ -1,6 +1,8 @@
 -- renew: the heartbeat of one client handle. Reaps, grants, then extends the lease of each
 -- listed session (all its entries live on with it) and reports the state of each listed
 -- entry. Never re-creates an entry that expired or was removed.
+-- (This body reads its arguments through A, the prelude's ARGV: renew_many.lua runs it once per
+-- semaphore, as a function, with A pointed at each semaphore's arguments.)
 -- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
 --   ms), then the ids of entries to check (the client's holders, and those of its waiters it
 --   has reason to doubt; see docs/PROTOCOL.md)
@@ -19,11 +21,11 @@
 local now = now_ms()
 local limit = load_limit()
 settle(now, limit, false)
-local k = tonumber(ARGV[4])
+local k = tonumber(A[4])
 local sessions, removed = {}, {}
 local restored = false
 for j = 0, k - 1 do
-  local sid, lease = ARGV[5 + 2 * j], tonumber(ARGV[6 + 2 * j])
+  local sid, lease = A[5 + 2 * j], tonumber(A[6 + 2 * j])
   -- (an expired session not reaped yet, e.g. beyond what one call reaps, had no lease
   -- either: some of its entries may be gone)
   local until_ms = redis.call('ZSCORE', K_EXP, sid)
@@ -44,8 +46,8 @@ for j = 0, k - 1 do
 end
 local states = {}
 local requeued = false
-for i = 5 + 2 * k, #ARGV do
-  local id = ARGV[i]
+for i = 5 + 2 * k, #A do
+  local id = A[i]
   local m = get_meta(id)
   if not m then
     states[#states + 1] = { -1 }
