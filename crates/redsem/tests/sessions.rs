@@ -9,19 +9,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Redis's `calls` of `command` so far (from `INFO commandstats`).
-fn calls(server: &Server, command: &str) -> u64 {
-    let info = match server.cmd(&["INFO", "commandstats"]) {
-        Reply::Bulk(s) => s,
-        other => panic!("{other:?}"),
-    };
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// 2,000 tasks wait behind one holder through one handle for several renewal intervals:
 /// their leases are kept alive by the handle's session, so Redis runs a few calls per
 /// interval and reads no waiter's record (a renewal per waiter would read 2,000 per

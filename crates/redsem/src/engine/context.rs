@@ -1,7 +1,7 @@
 //! [`Context`]: what every semaphore handle of one client shares — the two connections, the
 //! notifier, the background releaser — and how it is connected.
 //!
-//! Tasks per client: the notifier's router and its resync task, the releaser; through
+//! Tasks per client: the notifier's router and its resync task, the releaser, the renewer; through
 //! Sentinel, two more (the master follower and the `+switch-master` listener). Per open
 //! semaphore handle: its batching task and its heartbeat.
 
@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::notifier::Notifier;
 use super::releaser::{Job, Releaser};
+use super::renewer::Renewer;
 use crate::backend::{Backend, TlsPems, redact_url};
 use crate::error::{BackendError, Error};
 use crate::scripts::Conn;
@@ -33,6 +34,8 @@ pub(crate) struct Context {
     pub(crate) conn: Conn,
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) releaser: Releaser,
+    /// Sends the renewals of every handle's heartbeat, several semaphores per call.
+    pub(crate) renewer: Renewer,
     pub(crate) response_timeout: Duration,
     pub(crate) publish: &'static str,
     /// Synced mode: replicas that must acknowledge a grant, and how long to wait for them.
@@ -87,6 +90,7 @@ impl Context {
 
         let notifier = Arc::new(notifier);
         let releaser = Releaser::spawn(conn.clone(), notifier.clone());
+        let renewer = Renewer::spawn(conn.clone());
         Notifier::spawn_router(&notifier, pushes, stop.clone());
         let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
         Ok(Context {
@@ -95,6 +99,7 @@ impl Context {
             conn,
             notifier,
             releaser,
+            renewer,
             response_timeout: s.response_timeout,
             publish: backend.publish_command(),
             synced: s.synced,

@@ -159,7 +159,7 @@ impl Handle {
             table.clone(),
             remote.clone(),
             s.timing.clone(),
-            ctx.conn.clone(),
+            (ctx.renewer.clone(), ctx.conn.clone()),
             ctx.response_timeout,
             ctx.synced,
         );

@@ -35,6 +35,7 @@ use tracing::Instrument;
 
 use super::lease::{LeaseState, Timing};
 use super::remote::Remote;
+use super::renewer::{Grid, Renewer};
 use super::table::{Entries, Outcome, Table};
 use crate::error::{CallError, LostReason};
 use crate::scripts::{self, Conn, EntryState, Session};
@@ -57,6 +58,8 @@ const WAITERS_PER_CALL: usize = 512;
 
 /// When the heartbeat runs next: the times it keeps besides the leases themselves.
 pub(crate) struct Schedule {
+    /// The client's grid, which renewal times are rounded down to.
+    grid: Grid,
     /// Check everything at once (set by a reconnect).
     force: bool,
     /// After failed heartbeats: when to try again, and the delay that led there (doubled
@@ -75,8 +78,9 @@ pub(crate) struct Schedule {
 }
 
 impl Schedule {
-    fn new() -> Schedule {
+    fn new(grid: Grid) -> Schedule {
         Schedule {
+            grid,
             force: false,
             retry: None,
             next_check: None,
@@ -128,12 +132,15 @@ impl Schedule {
             }
             return at;
         }
+        // renewals (and the waiters' checks) on the client's grid, so that the handles whose
+        // renewals fall due in one step share a call; expiries and deadlines where they are
+        let on_grid = |at: Instant| self.grid.floor(at, timing.waiter_check());
         for lease in st.holders.values() {
-            earliest(timing.renewal_due(lease));
+            earliest(on_grid(timing.renewal_due(lease)));
             earliest(lease.deadline());
         }
         if st.has_waiters() {
-            earliest(self.waiters_checked_at + timing.waiter_check());
+            earliest(on_grid(self.waiters_checked_at + timing.waiter_check()));
             if let Some(c) = self.next_check {
                 earliest(c);
             }
@@ -148,6 +155,9 @@ pub(crate) struct Heartbeat {
     table: Arc<Table>,
     remote: Arc<Remote>,
     timing: Timing,
+    /// Sends the renewals, in calls shared with the client's other handles.
+    renewer: Renewer,
+    /// Synced mode's connection (its renewals are `renew + WAIT` on one connection).
     conn: Conn,
     response_timeout: Duration,
     /// Synced mode: renewals count once this many replicas acknowledged them (`WAIT`).
@@ -157,20 +167,22 @@ pub(crate) struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// The heartbeat of a handle, not started yet.
+    /// The heartbeat of a handle, not started yet. Its renewals go through `renewer` (in
+    /// synced mode, straight on `conn`).
     pub(crate) fn new(
         table: Arc<Table>,
         remote: Arc<Remote>,
         timing: Timing,
-        conn: Conn,
+        (renewer, conn): (Renewer, Conn),
         response_timeout: Duration,
         synced: Option<(u32, Duration)>,
     ) -> Arc<Heartbeat> {
         Arc::new(Heartbeat {
-            schedule: Mutex::new(Schedule::new()),
+            schedule: Mutex::new(Schedule::new(renewer.grid())),
             table,
             remote,
             timing,
+            renewer,
             conn,
             response_timeout,
             synced,
@@ -355,7 +367,6 @@ async fn renew_call(
         .map(|(id, _)| id.as_str())
         .chain(waiters.iter().map(|id| &**id))
         .collect();
-    let mut conn = hb.conn.clone();
     let span = tracing::debug_span!(
         "redsem.renew",
         semaphore = %hb.name(),
@@ -363,13 +374,16 @@ async fn renew_call(
         holders = holders.len(),
         waiters = waiters.len(),
     );
-    let target = hb.remote.target();
     let renew = async {
         match hb.synced {
-            None => scripts::renew(&mut conn, &target, sessions, &ids)
+            None => hb
+                .renewer
+                .renew(&hb.remote, sessions, &ids)
                 .await
                 .map(|renewal| (renewal, true)),
             Some((replicas, timeout)) => {
+                let target = hb.remote.target();
+                let mut conn = hb.conn.clone();
                 scripts::renew_and_wait(&mut conn, &target, sessions, &ids, replicas, timeout)
                     .await
                     .map(|(renewal, acked)| {
@@ -540,7 +554,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn nothing_to_look_after_means_no_wakeup() {
-        let schedule = Schedule::new();
+        let schedule = Schedule::new(Grid::new(Instant::now()));
         assert_eq!(
             schedule.next_wakeup(&Entries::default(), &timing(RENEW)),
             None
@@ -549,7 +563,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_holder_is_renewed_one_renewal_interval_after_its_last_renewal() {
-        let schedule = Schedule::new();
+        let schedule = Schedule::new(Grid::new(Instant::now()));
         let t0 = Instant::now();
         tokio::time::advance(Duration::from_secs(1)).await;
         let st = with_holder(t0);
@@ -565,7 +579,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waiters_are_checked_every_fallback_or_renewal_interval_whichever_is_shorter() {
         let t0 = Instant::now();
-        let schedule = Schedule::new();
+        let schedule = Schedule::new(Grid::new(Instant::now()));
         let mut st = Entries::default();
         add_waiter(&mut st);
         let short = Duration::from_secs(1);
@@ -577,7 +591,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_reported_lease_expiry_wakes_waiters_just_after_it() {
         let t0 = Instant::now();
-        let mut schedule = Schedule::new();
+        let mut schedule = Schedule::new(Grid::new(Instant::now()));
         schedule.lease_expires_in(500);
         schedule.lease_expires_in(800); // the earliest wins
         let mut st = with_holder(t0);
@@ -598,6 +612,37 @@ mod tests {
         );
     }
 
+    /// Renewals due at any phase wake on the client's grid (the line at or below), so that
+    /// handles whose renewals fall due in the same step share a call; a wake-up at a lease
+    /// expiry in Redis, and a holder's deadline, stay where they are (never earlier).
+    #[tokio::test(start_paused = true)]
+    async fn renewals_wake_on_the_grid_and_expiries_where_they_are() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut schedule = Schedule::new(Grid::new(t0));
+        let timing = timing(Duration::from_secs(60));
+        for phase in [0, 17, 49] {
+            let st = with_holder(t0 + ms(phase));
+            assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW));
+        }
+        let mut st = with_holder(t0 + ms(17));
+        schedule.waiters_checked_at = t0 + ms(17);
+        add_waiter(&mut st);
+        assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW));
+        schedule.lease_expires_in(1013);
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing),
+            Some(t0 + ms(1013) + REAP_SLACK),
+            "not moved to the grid"
+        );
+        let lease = &st.holders["h"];
+        assert_eq!(
+            lease.deadline(),
+            timing.deadline(t0 + ms(17)),
+            "off the grid"
+        );
+    }
+
     /// A renewal that fails at once (Redis refusing connections) must not be retried in a
     /// tight loop: the renewal it retries is overdue, yet the next try waits for the retry
     /// time, which backs off, and a holder is still declared lost at its deadline.
@@ -605,7 +650,7 @@ mod tests {
     async fn failed_renewals_back_off_instead_of_retrying_at_once() {
         let t0 = Instant::now();
         let timing = timing(Duration::from_secs(1));
-        let mut schedule = Schedule::new();
+        let mut schedule = Schedule::new(Grid::new(Instant::now()));
         let mut st = with_holder(t0);
         add_waiter(&mut st);
         schedule.lease_expires_in(10);
@@ -649,7 +694,7 @@ mod tests {
     async fn a_renewal_that_succeeds_after_failures_is_followed_by_another_at_once() {
         let t0 = Instant::now();
         let timing = timing(Duration::from_secs(60));
-        let schedule = Schedule::new();
+        let schedule = Schedule::new(Grid::new(Instant::now()));
         let st = with_holder(t0);
         let lease = st.holders["h"].clone();
         lease.renewed(t0 + RENEW);
@@ -680,7 +725,7 @@ mod tests {
             Duration::from_millis(300),
             Duration::from_secs(1),
         );
-        let mut schedule = Schedule::new();
+        let mut schedule = Schedule::new(Grid::new(Instant::now()));
         let mut st = Entries::default();
         add_waiter(&mut st);
         for _ in 0..5 {

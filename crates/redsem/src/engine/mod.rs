@@ -14,6 +14,7 @@
 //! | `remote.rs` | `Remote`: one semaphore in Redis (keys, last limit seen); `Calls`, the script calls of background work |
 //! | `notifier.rs` | the subscriber connection; routes messages to a `Listener` per channel |
 //! | `releaser.rs` | the background releaser (what `Drop` may not do) |
+//! | `renewer.rs` | the client-wide renewer: the heartbeats' renewals, several semaphores per call; the grid their wake-ups align on |
 //! | `batch.rs` | the batching task: concurrent acquisitions share one script call |
 //! | `table.rs` | the waiter/holder table of a handle, and how a waiter is resolved |
 //! | `context.rs` | [`Context`]: what the handles of one client share; connecting it |
@@ -33,6 +34,7 @@ mod lease;
 mod notifier;
 mod releaser;
 mod remote;
+mod renewer;
 mod synced;
 mod table;
 

@@ -124,3 +124,16 @@ pub fn redis_time_us(server: &Server) -> u64 {
         other => panic!("TIME answered {other:?}"),
     }
 }
+
+/// Redis's `calls` of `command` so far (from `INFO commandstats`).
+pub fn calls(server: &Server, command: &str) -> u64 {
+    let info = match server.cmd(&["INFO", "commandstats"]) {
+        Reply::Bulk(s) => s,
+        other => panic!("{other:?}"),
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
