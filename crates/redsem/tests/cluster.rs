@@ -202,6 +202,67 @@ async fn fifo_crash_recovery_and_targeted_wake_up_on_a_cluster() {
     }
 }
 
+/// One client renews semaphores on every master, two of them in one hash slot (their
+/// renewals share `renew_many` calls; the other slots' calls go at once): over three leases
+/// every holder keeps its permit, every waiter its place, and no entry expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_on_many_slots_are_renewed_by_one_client() {
+    for flavor in flavors() {
+        let cluster = Cluster::start(flavor);
+        let client = client(&cluster).await;
+        let mut names: Vec<String> = (0..9).map(|i| format!("renewed-{i}")).collect();
+        let mut slots = std::collections::HashMap::new();
+        let (a, b) = (0..)
+            .find_map(|i| {
+                let name = format!("pair-{i}");
+                let slot = redis::cluster_routing::Slot::for_key(key(&name, "cfg"));
+                slots.insert(slot, name.clone()).map(|other| (other, name))
+            })
+            .unwrap();
+        assert_eq!(
+            cluster.slot_of(&key(&a, "cfg")),
+            cluster.slot_of(&key(&b, "cfg"))
+        );
+        names.extend([a, b]);
+        let mut held = Vec::new();
+        let mut waiters = Vec::new();
+        for name in &names {
+            let sem = client
+                .semaphore(name.as_str(), 1)
+                .lease(Duration::from_millis(900))
+                .renew_every(Duration::from_millis(300))
+                .fallback_poll(Duration::from_millis(300))
+                .open()
+                .await
+                .unwrap();
+            held.push(sem.acquire().await.unwrap());
+            let sem = sem.clone();
+            waiters.push(tokio::spawn(async move { sem.acquire().await.map(drop) }));
+        }
+        for name in &names {
+            queued(&cluster, name, 1).await;
+        }
+        tokio::time::sleep(Duration::from_millis(2700)).await;
+        for (name, permit) in names.iter().zip(&held) {
+            assert!(!permit.is_lost(), "{flavor}: {name} lost");
+            assert_eq!(
+                card(&cluster, name, "queue"),
+                1,
+                "{flavor}: {name}'s waiter left"
+            );
+            let k = key(name, "cfg");
+            let expired = cluster.cmd_for_key(&k, &["HGET", &k, "expired"]);
+            assert!(
+                matches!(expired.as_str(), None | Some("0")),
+                "{flavor}: {name}: entries expired"
+            );
+        }
+        for w in waiters {
+            w.abort();
+        }
+    }
+}
+
 async fn client_of(cluster: &Cluster) -> Client {
     client(cluster).await
 }

@@ -1,5 +1,6 @@
 //! The heartbeat: one task per semaphore handle that renews the handle's sessions (the
-//! leases of all its holders and waiters) and checks its holders in one call, checks the
+//! leases of all its holders and waiters) and checks its holders in one renewal (its part of
+//! a call shared with the client's other handles, see below), checks the
 //! waiters it has reason to doubt (see [`in_doubt`]; one more call per 512 of them), which
 //! finds grants whose notification was lost, and declares permits lost in time. Its [`Schedule`] is its own: the rest of the
 //! engine only tells it what happened ([`Heartbeat::lease_expires_in`],
@@ -23,6 +24,17 @@
 //!
 //! A renewal never re-creates an entry: an entry that expired is reported gone and its permit
 //! is lost.
+//!
+//! What it costs: the renewal is handed to the client's [`Renewer`], which sends the
+//! renewals of all the client's handles that wait for one Redis node as one call (per hash
+//! slot on a cluster; at most 256 semaphores per call). The renewal wake-ups (the holders'
+//! renewal, the waiters' check) are rounded down to the client's [`Grid`] (50 ms steps), so
+//! that handles whose renewals fall due at random phases wake together: per renewal
+//! interval and node, at most one round of calls per grid step in which a renewal falls
+//! due (at most interval / 50 ms rounds, e.g. 20 per second of fallback interval), each one
+//! call or two (a request leaves at once; those made while it is in flight leave together
+//! next), whatever the number of semaphores, holders and waiters. The price: a renewal comes
+//! up to one step early. Synced mode renews on its own (`renew + WAIT` on one connection).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};

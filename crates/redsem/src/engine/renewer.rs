@@ -243,6 +243,7 @@ async fn call(mut conn: impl RenewCalls, requests: Vec<Request>) {
             ids,
         })
         .collect();
+    tracing::trace!(semaphores = args.len(), "renewal call");
     let results: Vec<CallResult<Renewal>> = match args.as_slice() {
         [one] => vec![conn.renew(one).await],
         batch => match conn.renew_many(batch).await {
