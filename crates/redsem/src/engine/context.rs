@@ -1,5 +1,5 @@
 //! [`Context`]: what every semaphore handle of one client shares — the two connections, the
-//! notifier, the background releaser — and how it is connected.
+//! notifier, the background releaser, the renewer — and how it is connected.
 //!
 //! Tasks per client: the notifier's router and its resync task, the releaser, the renewer; through
 //! Sentinel, two more (the master follower and the `+switch-master` listener). Per open
