@@ -83,8 +83,8 @@ impl SemaphoreBuilder {
     /// has waiters, one call per interval renews their session and learns the head of the
     /// queue, which reveals grants whose notification was lost (those waiters are then
     /// checked one by one). It runs every fallback interval or every renewal interval,
-    /// whichever is shorter, and costs one script call per such interval per handle,
-    /// whatever the number of waiters.
+    /// whichever is shorter, and costs one renewal per such interval per handle, whatever
+    /// the number of waiters (the client's handles share the calls).
     pub fn fallback_poll(mut self, every: Duration) -> Self {
         self.fallback_poll = every;
         self

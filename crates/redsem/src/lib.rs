@@ -63,9 +63,12 @@
 //! master), plus a heartbeat and a batching task per open semaphore handle. Per acquisition:
 //! at most one script call (acquisitions made while a call is in flight share the next one),
 //! plus at most one to release (background releases are batched too). Per open semaphore
-//! handle: one renewal call per renewal interval while holding, and per fallback or renewal
+//! handle: one renewal per renewal interval while holding, and per fallback or renewal
 //! interval, whichever is shorter, while waiting; it renews the handle's session (the leases
 //! of all its holders and waiters), so its cost does not grow with the number of waiters.
+//! The renewals of a client's handles share calls (one per Redis node, or per hash slot on a
+//! cluster, for the handles whose renewals fall due in the same 50 ms step), so the calls do
+//! not grow with the number of semaphores either.
 //!
 //! # Feature flags
 //!

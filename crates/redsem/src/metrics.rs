@@ -16,8 +16,8 @@
 //! | `redsem_acquire_failures_total` | counter | `reason` = `timeout`, `no_permits`, `closed`, `too_many_permits`, `invalid_argument`, `error` | acquisitions that returned an error |
 //! | `redsem_grants_total` | counter | | acquisitions granted to this process: one per [`Permit`](crate::Permit), whatever its number of permits (an `acquire_many(3)` counts 1), like [`Stats::grants_total`](crate::Stats::grants_total) server-wide |
 //! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
-//! | `redsem_renewals_total` | counter | | batched renewal calls that reached Redis (one per heartbeat, whatever the number of leases) |
-//! | `redsem_renewals_failed_total` | counter | | batched renewal calls that failed or timed out (they are retried) |
+//! | `redsem_renewals_total` | counter | | renewals of a handle that reached Redis (one per heartbeat, whatever the number of leases; the renewals of several handles may share one call) |
+//! | `redsem_renewals_failed_total` | counter | | renewals of a handle that failed or timed out (they are retried) |
 //! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable`, `shutdown` | permits lost (see [`LostReason`](crate::LostReason)) |
 //! | `redsem_expiries_reaped_total` | counter (absolute) | | leases of holders and waiters reaped on expiry since the semaphore was created, *server-wide*: set from [`Semaphore::stats`](crate::Semaphore::stats) |
 //! | `redsem_releases_abandoned_total` | counter | | background releases given up after retries (the entries expire with their leases) |

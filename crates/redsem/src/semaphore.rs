@@ -36,10 +36,11 @@ pub use crate::keys::MAX_LIMIT;
 /// At most one script call per acquisition (granted at once, or queued and later notified
 /// with no further round trip; acquisitions made while a call is in flight share the next
 /// one) and one per release, whatever the number of waiters. Per open semaphore handle, one
-/// renewal call every renewal interval while it holds permits, and every fallback or
-/// renewal interval, whichever is shorter, while it has waiters: it renews the handle's
-/// session and checks its holders, and costs Redis the same whatever the number of waiters
-/// (waiters are checked one by one only when a lost notification is suspected).
+/// renewal every renewal interval while it holds permits, and every fallback or renewal
+/// interval, whichever is shorter, while it has waiters: it renews the handle's session and
+/// checks its holders, and costs Redis the same whatever the number of waiters (waiters are
+/// checked one by one only when a lost notification is suspected). The renewals of all the
+/// handles of a client that fall due together share one script call per Redis node.
 ///
 /// Cloning is cheap; clones share waiters, holders, heartbeat and channel.
 #[derive(Clone)]
