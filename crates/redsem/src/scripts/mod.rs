@@ -231,7 +231,7 @@ pub(crate) struct RenewArgs<'a> {
 
 /// Adds to `cmd` the arguments of a `renew.lua` call on `a.target`: the common header, the
 /// sessions, the ids.
-fn renew_keys_and_args(cmd: &mut redis::Cmd, a: &RenewArgs<'_>) {
+fn renew_args(cmd: &mut redis::Cmd, a: &RenewArgs<'_>) {
     cmd.arg(a.target.limit)
         .arg(&a.target.keys.channel_base)
         .arg(a.target.publish)
@@ -261,14 +261,14 @@ pub(crate) async fn renew_many(
             conn,
             &first.target,
             |cmd| {
-                cmd.arg(7 * batch.len());
+                cmd.arg(batch.iter().map(|a| a.target.keys.all.len()).sum::<usize>());
                 for a in batch {
                     cmd.arg(&a.target.keys.all[..]);
                 }
                 cmd.arg(batch.len());
                 for a in batch {
                     cmd.arg(4 + 2 * a.sessions.len() + a.ids.len());
-                    renew_keys_and_args(cmd, a);
+                    renew_args(cmd, a);
                 }
             },
             |_| {},
@@ -331,7 +331,7 @@ pub(crate) async fn renew_and_wait(
             t,
             |cmd| {
                 cmd.arg(t.keys.all.len()).arg(&t.keys.all[..]);
-                renew_keys_and_args(cmd, &a);
+                renew_args(cmd, &a);
             },
             |pipe| {
                 pipe.cmd("WAIT")
