@@ -22,7 +22,7 @@
 --   2 channel base: a grant for a waiter whose client channel suffix is c is published on base..c
 --   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
 -- (renew_many works on several semaphores in one call: it points these at each in turn with
--- use_semaphore, below; every other script works on KEYS[1..7] and ARGV.)
+-- its use_semaphore; every other script works on KEYS[1..7] and ARGV.)
 local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local A = ARGV -- the arguments of the semaphore worked on, laid out as ARGV
@@ -127,22 +127,6 @@ local function write_entry(id, m, map, ticket, sid, until_ms)
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
   end
   redis.call('HSET', K_META, id, cjson.encode(m))
-end
-
--- renew_many: makes the semaphore whose keys follow KEYS[offset] (seven of them, in the order
--- above) and whose arguments are `args` (laid out as ARGV: the common header, then the
--- script's own) the one the functions here work on, with the state of a fresh call (the time
--- read by now_ms stays the call's). Every per-semaphore variable of this file is set here
--- (a batch gathered in BUF is written first: only acquire.lua gathers one).
-local function use_semaphore(offset, args)
-  flush()
-  K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN = KEYS[offset + 1], KEYS[offset + 2],
-    KEYS[offset + 3], KEYS[offset + 4], KEYS[offset + 5], KEYS[offset + 6], KEYS[offset + 7]
-  A = args
-  CH_BASE, PUB = args[2], args[3]
-  CREATED = false
-  SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
-  CFG_DIRTY = false
 end
 
 local function get_meta(id)
