@@ -21,9 +21,12 @@ settle(now, limit, false)
 local used = held_count()
 local queued = nil
 local k = tonumber(ARGV[4])
--- the records of the batch's ids that exist already (a request sent again): one HMGET
-local stored = {}
-do
+-- A batch reads the records of its ids that exist already (a request sent again) with one
+-- HMGET, and gathers its writes (below); a lone request reads and writes as it goes, which
+-- costs it less.
+local stored = nil
+if k > 1 then
+  stored = {}
   local ids = {}
   for j = 0, k - 1 do ids[j + 1] = ARGV[5 + 7 * j] end
   local found = get_metas(ids)
@@ -34,7 +37,8 @@ end
 
 local function one(id, n, lease, wait_lease, channel, label, mode)
   if n > limit then return { -2, limit } end
-  local m = (BUF and BUF.rec[id]) or stored[id]
+  local m
+  if stored then m = (BUF and BUF.rec[id]) or stored[id] else m = get_meta(id) end
   if m then
     if m.s then return held_reply(m) end
     return { 0, m.t, false }
@@ -60,8 +64,8 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
   return { 0, m.t, false } -- (the next expiry is filled in once the batch is written)
 end
 
--- The batch's writes are gathered and made at the end, one command per key (prelude's BUF).
-BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} }
+-- A batch's writes are gathered and made at the end, one command per key (prelude's BUF).
+if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} } end
 local replies = {}
 for j = 0, k - 1 do
   local b = 5 + 7 * j

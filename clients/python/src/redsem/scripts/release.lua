@@ -79,9 +79,14 @@ for i = 7 + k + d, #ARGV do
     ids[#ids + 1] = id
   end
 end
-if #ids > 0 then
-  -- an id without a record was never written by redsem, or its record was lost (then its
-  -- slots are freed, and granted below)
+-- (an id without a record was never written by redsem, or its record was lost: then its
+-- slots are freed, and granted below)
+if #ids == 1 then
+  -- a lone release removes it as it goes, which costs it less
+  local m = get_meta(ids[1])
+  if m then removed = 1 else unknown = true end
+  drop_entry(ids[1], m, limit, m ~= nil and force)
+elseif #ids > 1 then
   removed = drop_entries(ids, get_metas(ids), limit, force)
   unknown = removed < #ids
 end
