@@ -231,8 +231,9 @@ impl Permit {
         result
     }
 
-    /// Releases the permit now and waits for Redis to confirm it (one round trip). Dropping
-    /// the permit does the same in the background.
+    /// Releases the permit now and waits for Redis to confirm it (one round trip; the
+    /// releases of the same semaphore handle made while one is in flight share the next
+    /// call). Dropping the permit does the same in the background.
     ///
     /// # Cancel safety
     /// Dropping the future before it completes (a `select!`, a timeout) does not lose the

@@ -35,7 +35,8 @@ pub use crate::keys::MAX_LIMIT;
 /// # Cost
 /// At most one script call per acquisition (granted at once, or queued and later notified
 /// with no further round trip; acquisitions made while a call is in flight share the next
-/// one) and one per release, whatever the number of waiters. Per open semaphore handle, one
+/// one) and at most one per release (releases made while one is in flight share the next),
+/// whatever the number of waiters. Per open semaphore handle, one
 /// renewal every renewal interval while it holds permits, and every fallback or renewal
 /// interval, whichever is shorter, while it has waiters: it renews the handle's session and
 /// checks its holders, and costs Redis the same whatever the number of waiters (waiters are
