@@ -273,7 +273,10 @@ impl Table {
             ));
             st.holders.insert(id.to_owned(), lease);
         }
-        if let Err(Outcome::Granted(_)) = waiter.tx.send(what) {
+        // no longer waiting: out of the gauge before its acquire can see the outcome
+        let Waiter { tx, _gauge, .. } = waiter;
+        drop(_gauge);
+        if let Err(Outcome::Granted(_)) = tx.send(what) {
             st.holders.remove(id);
             drop(st);
             self.release_in_background(id.to_owned());
@@ -287,8 +290,9 @@ impl Table {
     /// Resolves every waiter with [`Outcome::Closed`].
     pub(crate) fn close_waiters(&self) {
         let waiters = std::mem::take(&mut self.lock().waiters);
-        for (_, w) in waiters {
-            let _ = w.tx.send(Outcome::Closed);
+        for (_, Waiter { tx, _gauge, .. }) in waiters {
+            drop(_gauge);
+            let _ = tx.send(Outcome::Closed);
         }
         self.poke.notify_one();
     }
