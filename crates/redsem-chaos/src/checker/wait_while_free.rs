@@ -75,7 +75,10 @@ impl FreeWaits {
 
         // the head of the queue fits in free permits
         let waiters = s.waiters();
-        let head = waiters.iter().find(|e| s.valid(e));
+        // (a queued entry without a record, lost with `meta`, is no head: the scripts' pump
+        // drops it from the queue and looks at the next; its client queues it again once a
+        // renewal finds it gone)
+        let head = waiters.iter().find(|e| s.valid(e) && e.n > 0);
         // what the scripts count: the records' permits, or the slot table's when a loss of
         // the records left it holding more
         let used = s.used().max(s.taken());
