@@ -183,6 +183,9 @@ mod imp {
             gauge!(LOCAL_WAITERS, "semaphore" => sem.to_owned()).increment(1.0);
             WaiterGauge(sem.to_owned())
         }
+
+        /// The waiter stops waiting: it leaves the gauge now.
+        pub(crate) fn done(self) {}
     }
 
     impl Drop for WaiterGauge {
@@ -243,6 +246,8 @@ mod imp {
         pub(crate) fn new(_: &str) -> WaiterGauge {
             WaiterGauge
         }
+        #[inline(always)]
+        pub(crate) fn done(self) {}
     }
 
     pub(crate) struct HoldTimer;

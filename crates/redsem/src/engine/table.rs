@@ -275,7 +275,7 @@ impl Table {
         }
         // no longer waiting: out of the gauge before its acquire can see the outcome
         let Waiter { tx, _gauge, .. } = waiter;
-        drop(_gauge);
+        _gauge.done();
         if let Err(Outcome::Granted(_)) = tx.send(what) {
             st.holders.remove(id);
             drop(st);
@@ -291,7 +291,7 @@ impl Table {
     pub(crate) fn close_waiters(&self) {
         let waiters = std::mem::take(&mut self.lock().waiters);
         for (_, Waiter { tx, _gauge, .. }) in waiters {
-            drop(_gauge);
+            _gauge.done();
             let _ = tx.send(Outcome::Closed);
         }
         self.poke.notify_one();
