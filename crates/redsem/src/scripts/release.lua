@@ -12,42 +12,6 @@
 -- (It does not reap: what it frees it grants, and expired sessions are reaped by the next
 -- acquire or renewal, which the waiters' clients make at the next expiry at the latest.)
 
--- Removes the entries `ids` (distinct) whose records are `ms` (false where there is none) as
--- drop_entry does, with one command per key for all of them. Returns how many had a record.
-local function drop_entries(ids, ms, limit, tomb)
-  local del, unown, tombs, unmap, free, unqueue = {}, {}, {}, {}, {}, {}
-  local found = 0
-  for i, id in ipairs(ids) do
-    local m = ms[i]
-    if m then
-      found = found + 1
-      del[#del + 1] = id
-      local sid = sess_of(m)
-      unown[#unown + 1] = sid .. '|' .. id
-      if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|!' .. id end
-      if m.s then
-        for _, sl in ipairs(m.s) do
-          local str = tostring(sl) -- (formatted once: each number argument is formatted)
-          unmap[#unmap + 1] = str
-          if sl < limit then free[#free + 1] = str; free[#free + 1] = str end
-        end
-      else
-        unqueue[#unqueue + 1] = id
-      end
-    end
-  end
-  in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
-  in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
-  in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-  in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
-  in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
-  in_chunks(unqueue, function(a) redis.call('ZREM', K_QUEUE, unpack(a)) end)
-  for i, id in ipairs(ids) do
-    if not ms[i] then drop_entry(id, nil, limit, false) end
-  end
-  return found
-end
-
 local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
 -- to create
@@ -87,6 +51,42 @@ if #ids == 1 then
   if m then removed = 1 else unknown = true end
   drop_entry(ids[1], m, limit, m ~= nil and force)
 elseif #ids > 1 then
+  -- Removes the entries `ids` (distinct) whose records are `ms` (false where there is none) as
+  -- drop_entry does, with one command per key for all of them. Returns how many had a record.
+  -- (Built here: a lone release does not pay for it.)
+  local function drop_entries(ids, ms, limit, tomb)
+    local del, unown, tombs, unmap, free, unqueue = {}, {}, {}, {}, {}, {}
+    local found = 0
+    for i, id in ipairs(ids) do
+      local m = ms[i]
+      if m then
+        found = found + 1
+        del[#del + 1] = id
+        local sid = sess_of(m)
+        unown[#unown + 1] = sid .. '|' .. id
+        if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|!' .. id end
+        if m.s then
+          for _, sl in ipairs(m.s) do
+            local str = tostring(sl) -- (formatted once: each number argument is formatted)
+            unmap[#unmap + 1] = str
+            if sl < limit then free[#free + 1] = str; free[#free + 1] = str end
+          end
+        else
+          unqueue[#unqueue + 1] = id
+        end
+      end
+    end
+    in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
+    in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
+    in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
+    in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
+    in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
+    in_chunks(unqueue, function(a) redis.call('ZREM', K_QUEUE, unpack(a)) end)
+    for i, id in ipairs(ids) do
+      if not ms[i] then drop_entry(id, nil, limit, false) end
+    end
+    return found
+  end
   removed = drop_entries(ids, get_metas(ids), limit, force)
   unknown = removed < #ids
 end
