@@ -180,11 +180,16 @@ fn parse_runner(text: &str, logs: &mut Logs) {
                 });
             }
             "restart" if f.len() == 4 || f.len() == 5 => {
+                let dead = num(f.get(2)).unwrap_or(0);
+                // A failover whose replica lagged one renewal interval or more (from its copy
+                // to the master's death: the runner aims below, the kill may overrun) is
+                // beyond the documented bound: judged as a restart that lost everything.
+                let kept = num(f.get(4)).filter(|&k| dead - k < logs.t.renew);
                 logs.restarts.push(Restart {
                     start: num(f.get(1)).unwrap_or(0),
-                    dead: num(f.get(2)).unwrap_or(0),
+                    dead,
                     ready: num(f.get(3)).unwrap_or(0),
-                    kept: num(f.get(4)),
+                    kept,
                 });
             }
             "clock" if f.len() == 4 => {

@@ -188,7 +188,8 @@ impl Handle {
                                 self.name()
                             ))));
                         }
-                        let lease = Arc::new(LeaseState::new(sent, holder_lease));
+                        let lease =
+                            Arc::new(LeaseState::new(sent, holder_lease, self.timing.renew_every));
                         self.table
                             .lock()
                             .holders
@@ -399,8 +400,10 @@ impl<'a> Pending<'a> {
             if st.waiters.is_empty() {
                 shared.heartbeat.first_waiter();
             }
-            st.waiters
-                .insert(id.clone(), Waiter::new(tx, shared.name()));
+            st.waiters.insert(
+                id.clone(),
+                Waiter::new(tx, shared.name(), shared.timing.renew_every),
+            );
             drop(st);
             shared.table.poke.notify_one();
             Some(rx)

@@ -70,7 +70,7 @@ const WAITERS_PER_CALL: usize = 512;
 
 /// When the heartbeat runs next: the times it keeps besides the leases themselves.
 pub(crate) struct Schedule {
-    /// The client's grid, which renewal times are rounded down to.
+    /// The client's grid, which renewal times are rounded up to.
     grid: Grid,
     /// Check everything at once (set by a reconnect).
     force: bool,
@@ -146,7 +146,7 @@ impl Schedule {
         }
         // renewals (and the waiters' checks) on the client's grid, so that the handles whose
         // renewals fall due in one step share a call; expiries and deadlines where they are
-        let on_grid = |at: Instant| self.grid.floor(at, timing.waiter_check());
+        let on_grid = |at: Instant| self.grid.ceil(at, timing.waiter_check());
         for lease in st.holders.values() {
             earliest(on_grid(timing.renewal_due(lease)));
             earliest(lease.deadline());
@@ -455,7 +455,7 @@ async fn renew_call(
                 }
             }
             if replicated && waiters_kept {
-                hb.table.lock().waiters_renewed(sent);
+                hb.table.lock().waiters_renewed(sent, now);
             }
             let (h_states, w_states) = renewal.states.split_at(holders.len());
             for ((id, lease), state) in holders.iter().zip(h_states) {
@@ -464,7 +464,7 @@ async fn renew_call(
                     EntryState::Held(g) if !lease.is_same_grant(g) => {
                         lose(hb, id, lease, LostReason::NotHolder);
                     }
-                    EntryState::Held(_) if replicated => lease.renewed(sent),
+                    EntryState::Held(_) if replicated => lease.renewed(sent, now),
                     EntryState::Held(_) => {}
                     EntryState::Gone | EntryState::Waiting => {
                         lose(hb, id, lease, LostReason::NotHolder);
@@ -543,6 +543,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
+    use crate::engine::lease::Confirmations;
     use crate::engine::table::Waiter;
 
     const LEASE: Duration = Duration::from_secs(9);
@@ -552,16 +553,24 @@ mod tests {
         Timing::new(LEASE, RENEW, fallback)
     }
 
+    /// A lease of the handle's length granted by a call sent and answered at `at`.
+    fn lease_at(at: Instant) -> Arc<LeaseState> {
+        Arc::new(LeaseState::confirmed(
+            Confirmations::new(at, at, RENEW),
+            LEASE,
+        ))
+    }
+
     fn with_holder(renewed_at: Instant) -> Entries {
         let mut st = Entries::default();
-        let lease = Arc::new(LeaseState::new(renewed_at, LEASE));
-        st.holders.insert("h".into(), lease);
+        st.holders.insert("h".into(), lease_at(renewed_at));
         st
     }
 
     fn add_waiter(st: &mut Entries) {
         let (tx, _rx) = oneshot::channel();
-        st.waiters.insert("w".into(), Waiter::new(tx, "test"));
+        st.waiters
+            .insert("w".into(), Waiter::new(tx, "test", RENEW));
     }
 
     #[tokio::test(start_paused = true)]
@@ -581,7 +590,7 @@ mod tests {
         let st = with_holder(t0);
         // the renewal comes before the deadline (renewal ≤ lease / 3)
         assert_eq!(schedule.next_wakeup(&st, &timing(RENEW)), Some(t0 + RENEW));
-        st.holders["h"].renewed(t0 + RENEW);
+        st.holders["h"].renewed(t0 + RENEW, t0 + RENEW);
         assert_eq!(
             schedule.next_wakeup(&st, &timing(RENEW)),
             Some(t0 + RENEW * 2)
@@ -624,23 +633,33 @@ mod tests {
         );
     }
 
-    /// Renewals due at any phase wake on the client's grid (the line at or below), so that
+    /// Renewals due at any phase wake on the client's grid (the line at or above), so that
     /// handles whose renewals fall due in the same step share a call; a wake-up at a lease
-    /// expiry in Redis, and a holder's deadline, stay where they are (never earlier).
+    /// expiry in Redis, and a holder's deadline, stay where they are.
     #[tokio::test(start_paused = true)]
     async fn renewals_wake_on_the_grid_and_expiries_where_they_are() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut schedule = Schedule::new(Grid::new(t0));
         let timing = timing(Duration::from_secs(60));
-        for phase in [0, 17, 49] {
+        assert_eq!(
+            schedule.next_wakeup(&with_holder(t0), &timing),
+            Some(t0 + RENEW)
+        );
+        for phase in [1, 17, 49] {
             let st = with_holder(t0 + ms(phase));
-            assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW));
+            assert_eq!(
+                schedule.next_wakeup(&st, &timing),
+                Some(t0 + RENEW + ms(50))
+            );
         }
         let mut st = with_holder(t0 + ms(17));
         schedule.waiters_checked_at = t0 + ms(17);
         add_waiter(&mut st);
-        assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW));
+        assert_eq!(
+            schedule.next_wakeup(&st, &timing),
+            Some(t0 + RENEW + ms(50))
+        );
         schedule.lease_expires_in(1013);
         assert_eq!(
             schedule.next_wakeup(&st, &timing),
@@ -684,8 +703,7 @@ mod tests {
         // once a renewal succeeds, the schedule is the usual one again
         let now = Instant::now();
         st.holders.clear();
-        st.holders
-            .insert("h".into(), Arc::new(LeaseState::new(now, LEASE)));
+        st.holders.insert("h".into(), lease_at(now));
         schedule.succeeded(now, None);
         assert_eq!(
             schedule.next_wakeup(&st, &timing),
@@ -699,35 +717,86 @@ mod tests {
         );
     }
 
-    /// The deadline counts from the confirmation before the last. After renewals failed for
-    /// a while and one succeeded, that one is old: the holder is renewed again at once, so
-    /// that the deadline moves on before it passes.
+    /// After renewals failed for a while and one succeeded, the deadline counts from the
+    /// anchor before the failures (the late one cannot be trusted before an interval after
+    /// its answer): the next renewal is due then, and moves the deadline on.
     #[tokio::test(start_paused = true)]
-    async fn a_renewal_that_succeeds_after_failures_is_followed_by_another_at_once() {
+    async fn a_renewal_that_succeeds_after_failures_is_trusted_one_interval_later() {
         let t0 = Instant::now();
         let timing = timing(Duration::from_secs(60));
         let schedule = Schedule::new(Grid::new(Instant::now()));
         let st = with_holder(t0);
         let lease = st.holders["h"].clone();
-        lease.renewed(t0 + RENEW);
+        lease.renewed(t0 + RENEW, t0 + RENEW);
         assert_eq!(schedule.next_wakeup(&st, &timing), Some(t0 + RENEW * 2));
         // the renewal due at 2 × RENEW failed, retries too; one sent at 2.5 × RENEW succeeds
         let late = t0 + RENEW * 5 / 2;
         tokio::time::advance(late - t0).await;
-        lease.renewed(late);
+        lease.renewed(late, late);
         assert_eq!(lease.deadline(), t0 + RENEW + LEASE - timing.margin());
-        assert_eq!(
-            schedule.next_wakeup(&st, &timing),
-            Some(t0 + RENEW * 3),
-            "renewal interval after the confirmation before the last: due before 1 × RENEW \
-             after the late one"
-        );
-        // once it succeeds too, the usual rhythm is back
-        let next = t0 + RENEW * 3;
+        assert_eq!(schedule.next_wakeup(&st, &timing), Some(late + RENEW));
+        assert!(late + RENEW < lease.deadline());
+        // once it succeeds, the late one is trusted
+        let next = late + RENEW;
         tokio::time::advance(next - late).await;
-        lease.renewed(next);
+        lease.renewed(next, next);
         assert_eq!(schedule.next_wakeup(&st, &timing), Some(next + RENEW));
         assert_eq!(lease.deadline(), late + LEASE - timing.margin());
+    }
+
+    /// Renewals come one interval after the answer to the one before, so that each makes
+    /// the one before trusted (one sent an interval after the *send* of the one before would
+    /// not: a failover to a replica lagging almost an interval may have lost both); the
+    /// heartbeat's other beats (for waiters, expiries) confirm the holder too, and neither
+    /// delay nor hasten its renewals. With a lease of three renewal intervals, a round trip
+    /// of 20 ms and the grid, the deadline never comes before the next confirmation.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_keep_the_deadline_ahead_whatever_else_the_heartbeat_does() {
+        let ms = Duration::from_millis;
+        let (renew, rtt) = (ms(300), ms(20));
+        let timing = Timing::new(renew * 3, renew, renew);
+        let t0 = Instant::now();
+        let mut schedule = Schedule::new(Grid::new(t0));
+        let mut st = Entries::default();
+        let lease = Arc::new(LeaseState::confirmed(
+            Confirmations::new(t0, t0 + rtt, renew),
+            timing.lease,
+        ));
+        st.holders.insert("h".into(), lease.clone());
+        add_waiter(&mut st);
+        let mut beats = 0;
+        let mut beat = |st: &mut Entries, schedule: &mut Schedule, sent: Instant| {
+            assert!(
+                !lease.may_have_ended(),
+                "lost during a call at beat {beats}"
+            );
+            lease.renewed(sent, Instant::now());
+            st.waiters_renewed(sent, Instant::now());
+            schedule.succeeded(Instant::now(), None);
+            beats += 1;
+        };
+        for i in 0..200 {
+            let next = schedule.next_wakeup(&st, &timing).unwrap();
+            assert!(next < lease.deadline(), "the deadline comes first");
+            tokio::time::advance(next.saturating_duration_since(Instant::now())).await;
+            let sent = Instant::now();
+            tokio::time::advance(rtt).await;
+            beat(&mut st, &mut schedule, sent);
+            if i % 3 == 0 {
+                // a beat for another reason (a lease expiring in Redis, a reconnect)
+                tokio::time::advance(ms(130)).await;
+                let sent = Instant::now();
+                tokio::time::advance(rtt).await;
+                beat(&mut st, &mut schedule, sent);
+            }
+        }
+        // one renewal per interval (+ round trip + grid), besides the other beats
+        let elapsed = Instant::now() - t0;
+        assert!(elapsed > renew * 200, "renewed too often: {elapsed:?}");
+        assert!(
+            elapsed < (renew + rtt + ms(40)) * 200 + ms(150 * 67),
+            "{elapsed:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

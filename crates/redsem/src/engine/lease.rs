@@ -1,11 +1,13 @@
-//! Lease state: the timing settings of a handle ([`Timing`]) and the bookkeeping of one
+//! Lease state: the timing settings of a handle ([`Timing`]), the calls that confirmed a
+//! lease and which of them it is trusted from ([`Confirmations`]), and the bookkeeping of one
 //! held lease ([`LeaseState`]), shared by a permit and the heartbeat.
 //!
-//! A lease is trusted until `previous confirmed renewal + lease − margin`
-//! ([`LeaseState::deadline`]): the margin covers the difference
-//! between this process's clock and Redis's, and counting from the renewal *before* the last
-//! one covers a failover to a replica that missed the last renewal (its copy of the lease
-//! ends up to one renewal interval earlier than the master's). Every "could the lease have
+//! A lease is trusted until `trusted confirmation + lease − margin`
+//! ([`LeaseState::deadline`]): the margin covers the difference between this process's
+//! clock and Redis's, and the trusted confirmation is one that a failover to a replica
+//! lagging by less than one renewal interval cannot have lost (see [`Confirmations`]; the
+//! last confirmation may be missing from such a replica, and so may every other one answered
+//! less than a renewal interval before the last was sent). Every "could the lease have
 //! ended?" question in the engine is answered here.
 
 use std::sync::{Mutex, OnceLock};
@@ -79,13 +81,13 @@ impl Timing {
         Ok(())
     }
 
-    /// When the lease held in `lease` is due for renewal: one renewal interval after its last
-    /// confirmation, and at once when that confirmation came more than a renewal interval
-    /// after the one before (a renewal that succeeded after failures). The deadline counts
-    /// from the confirmation before the last, so it must be recent again before the
-    /// deadline: `2 × renewal + margin < lease` leaves room for it and its retries.
+    /// When the lease held in `lease` is due for renewal: one renewal interval after the
+    /// answer to its anchor confirmation (see [`Confirmations`]), the first moment a renewal
+    /// makes that confirmation trusted. The deadline then counts from it; the next renewal
+    /// comes one interval (+ a round trip) after it, so `2 × (renewal + round trip) + margin
+    /// < lease` leaves room for the round trips, the grid and retries (lease ≥ 3 renewals).
     pub(crate) fn renewal_due(&self, lease: &LeaseState) -> Instant {
-        (lease.renewed_at() + self.renew_every).min(lease.trusted_from() + self.renew_every * 2)
+        lease.anchor_answered() + self.renew_every
     }
 
     /// Whether a lease of the handle's length last confirmed by a call sent at `confirmed`
@@ -103,13 +105,107 @@ impl Timing {
     }
 }
 
-/// The confirmations of a lease and its length.
-#[derive(Clone, Copy)]
-struct Renewals {
-    /// Send time of the confirmation before the last (the grant, until the second).
+/// Most confirmations a lease keeps while they cannot be trusted yet (more are rare: beats
+/// of the heartbeat closer together than a renewal interval; one left out only keeps the
+/// trusted confirmation older, never newer than it may be).
+const UNTRUSTED_MAX: usize = 8;
+
+/// The calls that confirmed a lease (its grant, a waiter's registration, then renewals):
+/// when each was sent and answered, and the one the lease is trusted from.
+///
+/// The trust rule. A failover may promote a replica that lags its master by less than one
+/// renewal interval `L` (the documented bound): the replica has every write the master
+/// made until `L` before it died. A confirmation answered at `r` is on any such replica
+/// once a later confirmation was *sent* at or after `r + L`: that one was answered either by
+/// a master alive at its send time (so a failover that could still take effect killed it
+/// later, and its replica has everything up to `r`), or by a promoted replica, which then
+/// held the lease and renewed it. The lease is trusted from the send time of the newest
+/// confirmation that a later one made trusted this way (the first confirmation until then:
+/// a grant a failover lost is a lost grant, which the next renewal reports). Counting from
+/// "the confirmation before the last" is not enough: two confirmations less than `L` apart
+/// (a renewal and a heartbeat beat for another reason, or renewals rounded to a grid) may
+/// both be missing from the replica.
+///
+/// The renewal rhythm follows an anchor: the next renewal is due one interval after the
+/// anchor's answer (the earliest moment it makes the anchor trusted), and the confirmation
+/// that makes it trusted is the next anchor. Confirmations in between (the heartbeat beating
+/// for waiters or expiries) neither delay nor hasten it.
+#[derive(Clone, Debug)]
+pub(crate) struct Confirmations {
+    /// The lag a replica may have: one renewal interval.
+    lag: Duration,
+    /// Send time of the confirmation the lease is trusted from.
     trusted_from: Instant,
-    /// Send time of the last call that confirmed the lease (or of the grant's delivery).
-    renewed_at: Instant,
+    /// Send time of the newest confirmation.
+    last_sent: Instant,
+    /// The anchor of the renewal rhythm: (sent, answered).
+    anchor: (Instant, Instant),
+    /// Confirmations not trusted yet, (sent, answered), at most [`UNTRUSTED_MAX`].
+    untrusted: Vec<(Instant, Instant)>,
+}
+
+impl Confirmations {
+    /// A first confirmation, by a call sent at `sent` and answered at `answered`, of a lease
+    /// renewed every `lag` (the replicas' lag it must survive).
+    pub(crate) fn new(sent: Instant, answered: Instant, lag: Duration) -> Confirmations {
+        Confirmations {
+            lag,
+            trusted_from: sent,
+            last_sent: sent,
+            anchor: (sent, answered.max(sent)),
+            untrusted: Vec::new(),
+        }
+    }
+
+    /// Records a confirmation by a call sent at `sent` and answered at `answered` (an older
+    /// call answering late counts too, as what it is).
+    pub(crate) fn confirm(&mut self, sent: Instant, answered: Instant) {
+        let answered = answered.max(sent);
+        if sent <= self.trusted_from {
+            return;
+        }
+        self.last_sent = self.last_sent.max(sent);
+        if sent >= self.anchor.1 + self.lag {
+            // the anchor is on every replica a failover may promote; this is the next one
+            self.trusted_from = self.trusted_from.max(self.anchor.0);
+            self.anchor = (sent, answered);
+        }
+        if self.untrusted.len() < UNTRUSTED_MAX {
+            self.untrusted.push((sent, answered));
+        }
+        let (lag, last) = (self.lag, self.last_sent);
+        let mut trusted = self.trusted_from;
+        for &(s, a) in &self.untrusted {
+            if a + lag <= last {
+                trusted = trusted.max(s);
+            }
+        }
+        self.trusted_from = trusted;
+        self.untrusted.retain(|&(s, _)| s > trusted);
+    }
+
+    /// Send time of the confirmation the lease is trusted from.
+    pub(crate) fn trusted_from(&self) -> Instant {
+        self.trusted_from
+    }
+
+    /// Send time of the newest confirmation.
+    #[cfg(test)]
+    pub(crate) fn last_sent(&self) -> Instant {
+        self.last_sent
+    }
+
+    /// When the anchor confirmation was answered: the next renewal is due one interval
+    /// later.
+    pub(crate) fn anchor_answered(&self) -> Instant {
+        self.anchor.1
+    }
+}
+
+/// The confirmations of a lease and its length.
+#[derive(Clone)]
+struct Renewals {
+    confirmations: Confirmations,
     /// The lease's length in Redis for confirmations sent at or after `since`.
     len: Duration,
     /// For confirmations sent before `since`: the shorter of this and `len` (a change of
@@ -119,9 +215,10 @@ struct Renewals {
 }
 
 impl Renewals {
-    /// The length of the lease confirmed at `trusted_from`, as far as this process can tell.
+    /// The length of the lease confirmed at the trusted confirmation, as far as this process
+    /// can tell.
     fn trusted_len(&self) -> Duration {
-        if self.trusted_from >= self.since {
+        if self.confirmations.trusted_from() >= self.since {
             self.len
         } else {
             self.len.min(self.earlier)
@@ -129,7 +226,7 @@ impl Renewals {
     }
 
     fn deadline(&self) -> Instant {
-        deadline_after(self.trusted_from, self.trusted_len())
+        deadline_after(self.confirmations.trusted_from(), self.trusted_len())
     }
 }
 
@@ -144,28 +241,24 @@ pub(crate) struct LeaseState {
 }
 
 impl LeaseState {
-    /// A lease of length `len` confirmed by a call sent at `now`.
-    pub(crate) fn new(now: Instant, len: Duration) -> LeaseState {
-        LeaseState::confirmed(now, now, len)
+    /// A lease of length `len`, renewed every `lag`, first confirmed by a call sent at `sent`
+    /// and answered now (a grant in reply to an acquisition).
+    pub(crate) fn new(sent: Instant, len: Duration, lag: Duration) -> LeaseState {
+        LeaseState::confirmed(Confirmations::new(sent, Instant::now(), lag), len)
     }
 
-    /// A lease of length `len` whose last two confirmations were sent at `trusted_from` and
-    /// `renewed_at` (a granted waiter's: the deadline counts from the one before the last,
-    /// as for a holder).
-    pub(crate) fn confirmed(
-        trusted_from: Instant,
-        renewed_at: Instant,
-        len: Duration,
-    ) -> LeaseState {
+    /// A lease of length `len` with the confirmations so far (a granted waiter's: its
+    /// session's, which the grant keeps).
+    pub(crate) fn confirmed(confirmations: Confirmations, len: Duration) -> LeaseState {
+        let since = confirmations.trusted_from();
         LeaseState {
             lost_tx: watch::Sender::new(None),
             token: CancellationToken::new(),
             renewed: Mutex::new(Renewals {
-                trusted_from: trusted_from.min(renewed_at),
-                renewed_at,
+                confirmations,
                 len,
                 earlier: len,
-                since: trusted_from.min(renewed_at),
+                since,
             }),
             granted: OnceLock::new(),
         }
@@ -223,28 +316,34 @@ impl LeaseState {
         self.granted.get().is_none_or(|mine| mine == held)
     }
 
-    /// Records a confirmation by a call sent at `sent` (an older call answering late is
-    /// ignored).
-    pub(crate) fn renewed(&self, sent: Instant) {
-        let mut r = self.renewed.lock().unwrap();
-        if sent > r.renewed_at {
-            r.trusted_from = r.renewed_at;
-            r.renewed_at = sent;
-        }
+    /// Records a confirmation by a call sent at `sent` and answered at `answered` (see
+    /// [`Confirmations::confirm`]).
+    pub(crate) fn renewed(&self, sent: Instant, answered: Instant) {
+        self.renewed
+            .lock()
+            .unwrap()
+            .confirmations
+            .confirm(sent, answered);
     }
 
-    /// Send time of the last confirmed renewal: the next renewal is due one renewal
-    /// interval after it.
+    /// When the anchor confirmation was answered: the next renewal is due one renewal
+    /// interval later ([`Timing::renewal_due`]).
+    pub(crate) fn anchor_answered(&self) -> Instant {
+        self.renewed.lock().unwrap().confirmations.anchor_answered()
+    }
+
+    /// Send time of the newest confirmation.
+    #[cfg(test)]
     pub(crate) fn renewed_at(&self) -> Instant {
-        self.renewed.lock().unwrap().renewed_at
+        self.renewed.lock().unwrap().confirmations.last_sent()
     }
 
-    /// Send time of the confirmed renewal before the last one (the grant, until the second
-    /// renewal): what the lease's deadline counts from. A failover may promote a replica
-    /// that never received the last renewal, but it has the one before, as long as
-    /// replication lags less than one renewal interval.
+    /// Send time of the confirmation the deadline counts from: the newest one that a
+    /// failover to a replica lagging by less than one renewal interval cannot have lost
+    /// (see [`Confirmations`]).
+    #[cfg(test)]
     pub(crate) fn trusted_from(&self) -> Instant {
-        self.renewed.lock().unwrap().trusted_from
+        self.renewed.lock().unwrap().confirmations.trusted_from()
     }
 
     /// Marks the lease lost (first reason wins) and cancels the permit's token.
@@ -328,14 +427,29 @@ mod tests {
         assert_eq!(t(Duration::from_secs(30)), Duration::from_secs(3));
     }
 
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// A lease of length `len` renewed every second, granted by a call sent and answered at
+    /// `at`.
+    fn lease_at(at: Instant, len: Duration) -> LeaseState {
+        LeaseState::confirmed(Confirmations::new(at, at, SECOND), len)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_renewal_never_moves_the_confirmation_back() {
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0, Duration::from_secs(3));
-        lease.renewed(t0 + Duration::from_secs(2));
-        lease.renewed(t0 + Duration::from_secs(1)); // an older call answering late
-        assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
-        assert_eq!(lease.trusted_from(), t0, "the confirmation before the last");
+        let s = |n: u64| t0 + SECOND * n as u32;
+        let lease = lease_at(t0, Duration::from_secs(3));
+        lease.renewed(s(2), s(2));
+        assert_eq!(lease.trusted_from(), t0, "the grant");
+        // an older call answering late: a confirmation all the same, and one a renewal
+        // interval older than the newest
+        lease.renewed(s(1), s(1));
+        assert_eq!(lease.renewed_at(), s(2));
+        assert_eq!(lease.trusted_from(), s(1));
+        // one older than the trusted one changes nothing
+        lease.renewed(t0 + SECOND / 2, s(3));
+        assert_eq!(lease.trusted_from(), s(1));
         lease.lose(LostReason::Unreachable);
         lease.lose(LostReason::NotHolder);
         assert_eq!(
@@ -346,31 +460,76 @@ mod tests {
         assert!(lease.token().is_cancelled());
     }
 
-    /// A failover to a replica that missed the last renewal leaves a lease that ends one
-    /// renewal interval before the master's would have: the deadline counts from the
-    /// renewal before the last, so it comes before that earlier end.
+    /// A failover to a replica that lags by less than one renewal interval may have lost
+    /// every confirmation answered less than an interval before the newest was sent: the
+    /// deadline counts from the newest one older than that, and the next renewal is due an
+    /// interval after the answer to the anchor (which makes it trusted).
     #[tokio::test(start_paused = true)]
-    async fn the_deadline_counts_from_the_renewal_before_the_last() {
-        let timing = Timing::new(
-            Duration::from_secs(3),
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
+    async fn the_deadline_counts_from_a_confirmation_one_renewal_interval_older_than_the_newest() {
+        let timing = Timing::new(Duration::from_secs(3), SECOND, SECOND);
+        let ms = |n: u64| Instant::now() + Duration::from_millis(n);
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0, Duration::from_secs(3));
-        assert_eq!(lease.trusted_from(), t0, "the grant, until two renewals");
-        lease.renewed(t0 + Duration::from_secs(1));
-        assert_eq!(lease.trusted_from(), t0);
-        lease.renewed(t0 + Duration::from_secs(2));
-        assert_eq!(lease.trusted_from(), t0 + Duration::from_secs(1));
-        assert_eq!(lease.renewed_at(), t0 + Duration::from_secs(2));
-        // the replica's copy ends at 1 s + lease = 4 s; the deadline is a margin before it
+        let lease = LeaseState::confirmed(Confirmations::new(t0, ms(10), SECOND), timing.lease);
         assert_eq!(
-            timing.deadline(lease.trusted_from()),
-            t0 + Duration::from_millis(3700)
+            lease.trusted_from(),
+            t0,
+            "the grant, until a later one is trusted"
         );
-        // and the next renewal is due well before it (renewal ≤ lease / 3)
-        assert!(lease.renewed_at() + timing.renew_every < timing.deadline(lease.trusted_from()));
+        assert_eq!(
+            timing.renewal_due(&lease),
+            ms(1010),
+            "an interval after its answer"
+        );
+        lease.renewed(ms(1010), ms(1020));
+        assert_eq!(lease.trusted_from(), t0);
+        lease.renewed(ms(2020), ms(2030));
+        assert_eq!(
+            lease.trusted_from(),
+            ms(1010),
+            "sent after its answer + an interval"
+        );
+        assert_eq!(lease.deadline(), ms(1010 + 2700));
+        // the heartbeat beats 80 ms later (for its waiters): both confirmations may be
+        // missing from a replica lagging 900 ms, so the trusted one stays where it was, and
+        // the renewal is still due an interval after the anchor's answer
+        lease.renewed(ms(2100), ms(2110));
+        assert_eq!(lease.trusted_from(), ms(1010));
+        assert_eq!(timing.renewal_due(&lease), ms(3030));
+        lease.renewed(ms(3030), ms(3040));
+        assert_eq!(lease.trusted_from(), ms(2020), "the anchor");
+        lease.renewed(ms(3110), ms(3115));
+        assert_eq!(
+            lease.trusted_from(),
+            ms(2100),
+            "the beat, once an interval old"
+        );
+        assert_eq!(timing.renewal_due(&lease), ms(4040));
+        // each renewal comes before the deadline, and moves it on (renewal ≤ lease / 3)
+        assert!(timing.renewal_due(&lease) < lease.deadline());
+        lease.renewed(ms(4040), ms(4050));
+        assert_eq!(lease.deadline(), ms(3030 + 2700));
+        assert!(timing.renewal_due(&lease) < lease.deadline());
+    }
+
+    /// The confirmations kept while untrusted are bounded; one left out never makes the
+    /// trusted confirmation newer than it may be.
+    #[tokio::test(start_paused = true)]
+    async fn many_confirmations_within_one_interval_are_bounded_and_trusted_conservatively() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut c = Confirmations::new(t0, t0, SECOND);
+        for i in 1..100 {
+            c.confirm(ms(i * 10), ms(i * 10 + 1));
+        }
+        assert!(c.untrusted.len() <= UNTRUSTED_MAX);
+        assert_eq!(
+            c.trusted_from(),
+            t0,
+            "nothing answered an interval before the newest"
+        );
+        c.confirm(ms(1100), ms(1101));
+        let trusted = c.trusted_from();
+        assert!(trusted > t0 && trusted <= ms(100), "{:?}", trusted - t0);
     }
 
     /// A longer lease counts only from a confirmation sent after the change: a replica (or a
@@ -379,18 +538,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_longer_lease_counts_once_a_confirmation_after_the_change_is_trusted() {
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0, Duration::from_secs(3));
+        let lease = lease_at(t0, Duration::from_secs(3));
         assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
-        let changed = t0 + Duration::from_secs(1);
+        let changed = t0 + SECOND;
         lease.set_len(Duration::from_secs(30), changed);
-        lease.renewed(changed);
+        lease.renewed(changed, changed);
         assert_eq!(lease.len(), Duration::from_secs(30));
         assert_eq!(
             lease.deadline(),
             t0 + Duration::from_millis(2700),
             "trusted from the grant, under the old length"
         );
-        lease.renewed(t0 + Duration::from_secs(2));
+        lease.renewed(t0 + SECOND * 2, t0 + SECOND * 2);
         assert_eq!(
             lease.deadline(),
             changed + Duration::from_secs(29),
@@ -403,12 +562,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_shorter_lease_counts_at_once() {
         let t0 = Instant::now();
-        let lease = LeaseState::new(t0, Duration::from_secs(30));
+        let lease = lease_at(t0, Duration::from_secs(30));
         lease.cap_len(Duration::from_secs(3));
         assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
-        lease.set_len(Duration::from_secs(3), t0 + Duration::from_secs(1));
-        lease.renewed(t0 + Duration::from_secs(1));
-        lease.renewed(t0 + Duration::from_secs(2));
+        lease.set_len(Duration::from_secs(3), t0 + SECOND);
+        lease.renewed(t0 + SECOND, t0 + SECOND);
+        lease.renewed(t0 + SECOND * 2, t0 + SECOND * 2);
         assert_eq!(
             lease.deadline(),
             t0 + Duration::from_millis(3700),

@@ -42,15 +42,15 @@ const REQUESTS_PER_ROUND: usize = 4096;
 /// The longest step of the [`Grid`].
 pub(crate) const GRID_STEP: Duration = Duration::from_millis(50);
 
-/// The client-wide grid that heartbeats round their renewal wake-ups down to: multiples of
-/// [`GRID_STEP`] after the client's epoch (a quarter of the renewal interval when that is
+/// The client-wide grid that heartbeats round their renewal wake-ups up to: multiples of
+/// [`GRID_STEP`] after the client's epoch (an eighth of the renewal interval when that is
 /// shorter). Handles whose renewals fall due in the same step, at whatever phase, then wake
-/// together and share one call. Renewing up to one step early is always safe (it only
-/// moves the deadline counted from it earlier); its cost is at most one step of lease per
-/// renewal: a renewal interval that is a multiple of the step keeps its length once on the
-/// grid, another one shortens to the multiple below it (3,333 ms: 3,300 ms, 1 % more
-/// renewals). Only renewal times move: a wake-up at a lease expiry in Redis (to reap it) or at
-/// a holder's deadline is never earlier than it was.
+/// together and share one call. Up, not down: a renewal must not leave before one renewal
+/// interval after the answer to the one it is to make trusted (see `lease.rs`,
+/// [`Confirmations`](super::lease::Confirmations)); its cost is at most one step of lease per
+/// renewal (a renewal every 3,333 ms comes every 3,350 ms, 0.5 % of the lease's length
+/// later), which the lease's slack for retries absorbs. Only renewal times move: a wake-up
+/// at a lease expiry in Redis (to reap it) or at a holder's deadline stays where it is.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grid {
     epoch: Instant,
@@ -62,16 +62,17 @@ impl Grid {
         Grid { epoch }
     }
 
-    /// `at` rounded down to the grid, for renewals every `interval`: to a multiple of
-    /// [`GRID_STEP`] (of `interval` / 4 when that is shorter, so that a renewal comes at
-    /// least three quarters of its interval after the last) after the epoch.
-    pub(crate) fn floor(&self, at: Instant, interval: Duration) -> Instant {
-        let step = GRID_STEP.min(interval / 4).as_nanos();
+    /// `at` rounded up to the grid, for renewals every `interval`: to a multiple of
+    /// [`GRID_STEP`] (of `interval` / 8 when that is shorter, so that a renewal comes at most
+    /// an eighth of its interval late) after the epoch.
+    pub(crate) fn ceil(&self, at: Instant, interval: Duration) -> Instant {
+        let step = GRID_STEP.min(interval / 8).as_nanos();
         if step == 0 || at <= self.epoch {
             return at;
         }
         let since = (at - self.epoch).as_nanos();
-        self.epoch + Duration::from_nanos((since - since % step) as u64)
+        let up = (step - since % step) % step;
+        at + Duration::from_nanos(up as u64)
     }
 }
 
@@ -469,26 +470,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn wake_ups_round_down_to_the_grid() {
+    async fn wake_ups_round_up_to_the_grid() {
         let t0 = Instant::now();
         let grid = Grid::new(t0);
         let ms = Duration::from_millis;
         let second = Duration::from_secs(1);
-        // any phase within a step lands on the step's start
-        for phase in [0, 1, 17, 49] {
-            assert_eq!(grid.floor(t0 + ms(3000 + phase), second), t0 + ms(3000));
+        // any phase within a step lands on the step's end; a line stays where it is
+        for phase in [1, 17, 49] {
+            assert_eq!(grid.ceil(t0 + ms(3000 + phase), second), t0 + ms(3050));
         }
-        assert_eq!(grid.floor(t0 + ms(3050), second), t0 + ms(3050));
+        assert_eq!(grid.ceil(t0 + ms(3050), second), t0 + ms(3050));
         // so handles renewing every 3,333 ms at random phases meet on the same lines, and
-        // one on the grid stays on it, 3,300 ms apart
-        let at = grid.floor(t0 + ms(3333), ms(3333));
-        assert_eq!(at, t0 + ms(3300));
-        assert_eq!(grid.floor(at + ms(3333), ms(3333)), t0 + ms(6600));
-        // short intervals: a step of a quarter of the interval, never a renewal at once
-        assert_eq!(grid.floor(t0 + ms(1017), ms(40)), t0 + ms(1010));
+        // one on the grid stays on it, 3,350 ms apart
+        let at = grid.ceil(t0 + ms(3333), ms(3333));
+        assert_eq!(at, t0 + ms(3350));
+        assert_eq!(grid.ceil(at + ms(3333), ms(3333)), t0 + ms(6700));
+        // short intervals: a step of an eighth of the interval, never more late than that
+        assert_eq!(grid.ceil(t0 + ms(1017), ms(80)), t0 + ms(1020));
         // never before the epoch
         tokio::time::advance(ms(10)).await;
         let later = Grid::new(Instant::now());
-        assert_eq!(later.floor(t0, second), t0);
+        assert_eq!(later.ceil(t0, second), t0);
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::lease::LeaseState;
+use super::lease::{Confirmations, LeaseState};
 use super::releaser::Releaser;
 use super::remote::Remote;
 use crate::scripts::Grant;
@@ -35,12 +35,9 @@ pub(crate) enum Outcome {
 /// One pending acquire.
 pub(crate) struct Waiter {
     tx: oneshot::Sender<Outcome>,
-    /// Send time of the last call that confirmed this waiter's lease (its enqueue or a
-    /// renewal of its session), and of the one before (as for a holder, the deadline counts
-    /// from it: a failover may have lost the last). A grant keeps that lease, so the
-    /// holder's lease clock starts with these.
-    renewed_at: Instant,
-    trusted_from: Instant,
+    /// The calls that confirmed this waiter's lease (its registration, then renewals of its
+    /// session). A grant keeps that lease, so the holder's lease clock starts with these.
+    confirmations: Confirmations,
     /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
     /// heartbeat never checks it: a check that overtook the acquire would find it missing.
     ticket: Option<u64>,
@@ -49,13 +46,13 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// A waiter of the semaphore `name` registered now, resolved through `tx`.
-    pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
+    /// A waiter of the semaphore `name` registered now, resolved through `tx`, whose
+    /// handle renews every `renew_every`.
+    pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str, renew_every: Duration) -> Waiter {
         let now = Instant::now();
         Waiter {
             tx,
-            renewed_at: now,
-            trusted_from: now,
+            confirmations: Confirmations::new(now, now, renew_every),
             ticket: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
@@ -90,13 +87,11 @@ impl Entries {
             .collect()
     }
 
-    /// Records a confirmed renewal, sent at `sent`, of the session of every waiter.
-    pub(crate) fn waiters_renewed(&mut self, sent: Instant) {
+    /// Records a confirmed renewal of the session of every waiter, sent at `sent` and
+    /// answered at `answered`.
+    pub(crate) fn waiters_renewed(&mut self, sent: Instant, answered: Instant) {
         for w in self.waiters.values_mut() {
-            if sent > w.renewed_at {
-                w.trusted_from = w.renewed_at;
-                w.renewed_at = sent;
-            }
+            w.confirmations.confirm(sent, answered);
         }
     }
 
@@ -267,8 +262,7 @@ impl Table {
         };
         if let Outcome::Granted(_) = what {
             let lease = Arc::new(LeaseState::confirmed(
-                waiter.trusted_from,
-                waiter.renewed_at,
+                waiter.confirmations.clone(),
                 self.wait_lease,
             ));
             st.holders.insert(id.to_owned(), lease);
