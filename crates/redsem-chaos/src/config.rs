@@ -70,7 +70,8 @@ pub enum FaultKind {
     /// master run on for less than one renewal interval, SIGKILLs it, drops what the link
     /// held, promotes the replica (`REPLICAOF NO ONE`), re-points every proxy (the workers',
     /// and the one the runner reads Redis through) at it, and brings the old master back,
-    /// empty, as the new master's replica.
+    /// empty, as the new master's replica. Failovers of both kinds come at least one lease +
+    /// one renewal interval after the previous restart (the documented bound).
     FailoverReplica,
     /// Redis's clock stepped forward (`libfaketime`; the run uses Valkey, since Redis 7.0.15
     /// hangs under it): every lease in Redis ends early by the step. Steps up to the safety

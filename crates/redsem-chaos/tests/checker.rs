@@ -616,6 +616,62 @@ fn a_grant_before_the_replicas_copy_survives_a_failover_to_it() {
     assert_violated(&check_failover(985, "0", Some(987)), "limit-believed");
 }
 
+/// Checks the failover run of [`write_data_loss_run`] (worker 0 granted at `acq0_ms`) with
+/// its `restart` line replaced by `restarts` (ms: kill, dead, ready and, for a failover, the
+/// replica's copy), in order.
+fn check_restarts(acq0_ms: i64, restarts: &[&[i64]]) -> checker::Report {
+    let dir = tempfile::tempdir().unwrap();
+    write_data_loss_run(dir.path(), acq0_ms, "0", Some(987));
+    let path = dir.path().join("runner.log");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .flat_map(|l| {
+            if !l.starts_with("restart ") {
+                return vec![l.to_owned()];
+            }
+            restarts
+                .iter()
+                .map(|r| {
+                    let times: Vec<String> =
+                        r.iter().map(|ms| (T0 + ms * MS).to_string()).collect();
+                    format!("restart {}", times.join(" "))
+                })
+                .collect()
+        })
+        .collect();
+    write_log(dir.path(), "runner.log", &lines);
+    checker::check(dir.path()).unwrap()
+}
+
+/// The documented bound covers a failover to a replica lagging less than one renewal
+/// interval (125 ms here) from its copy (987 ms) to the master's death: worker 0's grant at
+/// 985 ms must survive a master killed at 1,060 ms and dead at 1,110 ms; dead at 1,115 ms,
+/// the replica lagged more, and the failover is judged as a restart that lost everything.
+#[test]
+fn a_failover_lagging_one_renewal_interval_or_more_counts_as_a_loss_of_everything() {
+    assert_violated(
+        &check_restarts(985, &[&[1060, 1110, 1150, 987]]),
+        "limit-believed",
+    );
+    assert_overlap_explained_by_data_loss(&check_restarts(985, &[&[1060, 1115, 1150, 987]]));
+}
+
+/// So is a failover less than one lease + one renewal interval (625 ms here) after the
+/// previous restart was over (a cascade: the writes the two lost may span more than one
+/// renewal interval, which no client-side rule covers).
+#[test]
+fn a_failover_soon_after_a_restart_counts_as_a_loss_of_everything() {
+    let failover: &[i64] = &[990, 1010, 1100, 987];
+    // the failover's kill 700 ms after the previous restart was over: within the bound
+    assert_violated(
+        &check_restarts(985, &[&[260, 270, 290], failover]),
+        "limit-believed",
+    );
+    // 400 ms after
+    assert_overlap_explained_by_data_loss(&check_restarts(985, &[&[560, 570, 590], failover]));
+}
+
 /// Checks a run where Redis's clock stepped forward by `step_ms` at 1500 ms, worker 0's lease
 /// was gone from then on, and it learned so at `learned_ms`.
 fn check_step(step_ms: i64, learned_ms: i64, blackholed: bool) -> checker::Report {

@@ -45,8 +45,9 @@
 //! The **renewal interval** (default and at most lease / 3) bounds how long a healthy
 //! holder can go without reaching Redis. A holder whose renewals all fail — Redis down,
 //! network cut, process paused — declares its permit lost a safety margin (lease / 10, at
-//! most 1 s) *before* the lease could expire on the server — counted from the renewal
-//! before its last one, in case a failover promoted a replica that missed the last — so [`Permit::run`](crate::Permit::run)
+//! most 1 s) *before* the lease could expire on the server — counted from a renewal about
+//! one interval older than its last, in case a failover promoted a replica that missed the
+//! last ones (docs/PROTOCOL.md, rule 4) — so [`Permit::run`](crate::Permit::run)
 //! cancels the work before another process can be granted the slot, as long as this
 //! process's clock and scheduler keep running. Renewals cost one batched script call per
 //! process per interval, whatever the number of permits held.
@@ -99,7 +100,8 @@
 //!   clock may lag the old master's by at most the failover's duration: NTP keeps hosts within
 //!   milliseconds, a failover takes seconds). Tokens are unique per slot.
 //! - **Clock steps**: a permit is trusted until lease − margin (a tenth, at most 1 s) after
-//!   the renewal before its last one. A forward step of Redis's clock shortens leases by the
+//!   its trusted renewal (one whose answer came at least one renewal interval before a later
+//!   renewal was sent). A forward step of Redis's clock shortens leases by the
 //!   step: up to the margin is always covered, up to the margin + one renewal interval when
 //!   no renewal was lost.
 //! - **FIFO**: permits are granted in ticket order; a multi-permit request at the head blocks

@@ -121,9 +121,10 @@ impl Permit {
     }
 
     /// Whether the lease is lost, or could have run out in Redis: true once the heartbeat
-    /// declared it lost, and also once the local deadline (the confirmed renewal before the
-    /// last + lease − safety margin) has passed, even if the heartbeat has not run since (a runtime busy
-    /// with blocking work starves it). Cheap, no I/O.
+    /// declared it lost, and also once the local deadline (the trusted renewal + lease −
+    /// safety margin; the trusted renewal is one a failover cannot have lost, about one
+    /// renewal interval older than the last) has passed, even if the heartbeat has not run
+    /// since (a runtime busy with blocking work starves it). Cheap, no I/O.
     ///
     /// In the second case [`lost`](Self::lost) resolves, and the
     /// [`cancellation_token`](Self::cancellation_token) is cancelled, as soon as the
@@ -133,9 +134,10 @@ impl Permit {
     }
 
     /// Time left before the lease could run out in Redis if no further renewal succeeded: the
-    /// local deadline that [`is_lost`](Self::is_lost) checks, counted from the confirmed
-    /// renewal before the last (so a little under one lease right after a renewal, and
-    /// about one renewal interval less just before the next). Zero once lost. Cheap, no I/O.
+    /// local deadline that [`is_lost`](Self::is_lost) checks, counted from the trusted
+    /// renewal (about one renewal interval older than the last: so about lease − margin − one
+    /// interval right after a renewal, and one interval less just before the next). Zero
+    /// once lost. Cheap, no I/O.
     ///
     /// The lease itself is renewed in the background: this is not the time left to work,
     /// only how long the permit stays trustworthy should Redis become unreachable now.

@@ -1,7 +1,7 @@
 //! A Redis clock stepped forward: leases expire early in real time. A holder cut off from
 //! Redis must still learn that its permit is lost before Redis can grant its slot to anyone
 //! else, for a step up to the documented bound: the safety margin (lease / 10, at most 1 s)
-//! plus the time since the renewal before its last one (one renewal interval while renewals
+//! plus the time since its trusted renewal (at least one renewal interval while renewals
 //! succeed). Beyond it, the overlap that only fencing protects against is back, and this test
 //! shows it too, so that it cannot pass by accident.
 //!
@@ -60,7 +60,7 @@ async fn cut_off_holder_after_a_step(step_ms: i64) -> Option<(Duration, Duration
         .await
         .unwrap();
     let held = holder_sem.acquire().await.unwrap();
-    // a few renewals: the deadline counts from the one before the last
+    // a few renewals: the deadline counts from one about an interval older than the last
     tokio::time::sleep(RENEW * 2 + Duration::from_millis(300)).await;
     assert!(!held.is_lost());
     // cut off, and Redis's clock jumps forward

@@ -180,13 +180,21 @@ fn parse_runner(text: &str, logs: &mut Logs) {
                 });
             }
             "restart" if f.len() == 4 || f.len() == 5 => {
-                let dead = num(f.get(2)).unwrap_or(0);
-                // A failover whose replica lagged one renewal interval or more (from its copy
-                // to the master's death: the runner aims below, the kill may overrun) is
-                // beyond the documented bound: judged as a restart that lost everything.
-                let kept = num(f.get(4)).filter(|&k| dead - k < logs.t.renew);
+                let (start, dead) = (num(f.get(1)).unwrap_or(0), num(f.get(2)).unwrap_or(0));
+                // A failover beyond the documented bound is judged as a restart that lost
+                // everything: its replica lagged one renewal interval or more (from its copy
+                // to the master's death: the runner aims below, the kill may overrun), or it
+                // came less than one lease + one renewal interval after the previous restart
+                // was over (a cascade: the writes lost by both may span more than one renewal
+                // interval; the runner spaces failovers so)
+                let t = logs.t;
+                let spaced = logs
+                    .restarts
+                    .last()
+                    .is_none_or(|p| start - p.ready >= t.lease + t.renew);
+                let kept = num(f.get(4)).filter(|&k| dead - k < t.renew && spaced);
                 logs.restarts.push(Restart {
-                    start: num(f.get(1)).unwrap_or(0),
+                    start,
                     dead,
                     ready: num(f.get(3)).unwrap_or(0),
                     kept,

@@ -8,7 +8,10 @@
 //! - Redis lost its data after the grant (a restart without persistence, or a failover to a
 //!   replica that lags: then only the grants made after the replica's copy are lost; one
 //!   made before keeps a valid lease, since the lag is below one renewal interval and the
-//!   holder's deadline counts from the renewal before its last);
+//!   holder's deadline counts from a renewal answered at least one interval before a later
+//!   one was sent — PROTOCOL.md rule 4; a failover beyond that bound, or less than one
+//!   lease + one renewal interval after the previous restart, counts as a loss of
+//!   everything, see `logs.rs`);
 //! - an operator force-released it, or its record was lost with the semaphore's `meta` key
 //!   (the `key-loss` fault; counted as an eviction: it learns the same way);
 //! - Redis's clock stepped forward (`clock-step`) between `s_valid − lease` and `s*`, by more

@@ -96,6 +96,15 @@ pub(super) async fn schedule(
         };
         let extra = rng.u64(2..=50); // latency per chunk
         let target = rng.u64(..);
+        if matches!(
+            kind,
+            FaultKind::FailoverLagging | FaultKind::FailoverReplica
+        ) {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = failover_spacing(&shared) => {}
+            }
+        }
         shared.faults.fetch_add(1, Ordering::Relaxed);
         running.spawn(inject(
             shared.clone(),
@@ -108,6 +117,36 @@ pub(super) async fn schedule(
         ));
     }
     running
+}
+
+/// How long after a restart's death a failover may come: one lease + one renewal interval
+/// after the restart was over (the documented bound; the checker judges a closer one as a
+/// loss of everything), + what a restart takes from its death to answering again.
+fn failover_gap_us(shared: &Shared) -> i64 {
+    const READY_SLACK_MS: u64 = 300;
+    ((shared.cfg.lease_ms + shared.cfg.renew_ms + READY_SLACK_MS) * 1000) as i64
+}
+
+/// Waits until a failover may come: the documented bound covers failovers at least one lease
+/// + one renewal interval apart (closer ones, a cascade, may together lose more than one
+/// renewal interval of writes).
+async fn failover_spacing(shared: &Shared) {
+    loop {
+        let last = shared.restarts.lock().unwrap().last().copied();
+        let wait = match last {
+            None => return,
+            // still restarting
+            Some((_, i64::MAX)) => Duration::from_millis(20),
+            Some((_, dead)) => {
+                let left = dead + failover_gap_us(shared) - now_us();
+                if left <= 0 {
+                    return;
+                }
+                Duration::from_micros(left as u64)
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Picks a target among the slots whose worker satisfies `eligible`.

@@ -7,15 +7,15 @@
 //! [`Heartbeat::first_waiter`], [`Heartbeat::recheck_now`]).
 //!
 //! It wakes at the earliest of:
-//! - the renewal time of the holders (last renewal + renewal interval);
+//! - the renewal time of the holders (the answer to their anchor confirmation + renewal
+//!   interval: see [`Confirmations`](super::lease::Confirmations));
 //! - the check of the waiters (last check + the shorter of the fallback and renewal
 //!   intervals: the waiters' session must be renewed too);
 //! - the moment a lease in Redis is due to expire (as reported by the last script, plus
 //!   [`REAP_SLACK`]): a crashed holder's slot is then reclaimed by this call and granted to
 //!   the head of the queue, so crash recovery does not wait for the fallback poll;
-//! - the local deadline of a holder (the confirmed renewal before the last + lease − safety
-//!   margin; see `lease.rs`): if no
-//!   renewal has been confirmed by then, the permit is lost;
+//! - the local deadline of a holder (the trusted confirmation + lease − safety margin; see
+//!   `lease.rs`): if no renewal has been confirmed by then, the permit is lost;
 //! - a poke (new waiter or holder, reconnect of the subscriber).
 //!
 //! After a failed renewal, everything but the holders' deadlines waits for the retry time,
@@ -28,13 +28,13 @@
 //! What it costs: the renewal is handed to the client's [`Renewer`], which sends the
 //! renewals of all the client's handles that wait for one Redis node as one call (per hash
 //! slot on a cluster; at most 256 semaphores per call). The renewal wake-ups (the holders'
-//! renewal, the waiters' check) are rounded down to the client's [`Grid`] (50 ms steps), so
+//! renewal, the waiters' check) are rounded up to the client's [`Grid`] (50 ms steps), so
 //! that handles whose renewals fall due at random phases wake together: per renewal
 //! interval and node, at most one round of calls per grid step in which a renewal falls
 //! due (at most interval / 50 ms rounds, e.g. 20 per second of fallback interval), each one
 //! call or two (a request leaves at once; those made while it is in flight leave together
 //! next), whatever the number of semaphores, holders and waiters. The price: a renewal comes
-//! up to one step early. Synced mode renews on its own (`renew + WAIT` on one connection).
+//! up to one step (at most an eighth of the interval) late. Synced mode renews on its own (`renew + WAIT` on one connection).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};

@@ -88,7 +88,7 @@ impl Held {
     }
 
     /// Time left until the lease could have run out in Redis (zero once lost): the deadline
-    /// the heartbeat keeps, counted from the confirmed renewal before the last.
+    /// the heartbeat keeps, counted from the trusted confirmation (see `lease.rs`).
     pub(crate) fn lease_left(&self) -> Duration {
         if self.lease.is_lost() {
             return Duration::ZERO;
