@@ -119,16 +119,16 @@ pub(super) async fn schedule(
     running
 }
 
-/// How long after a restart's death a failover may come: one lease + one renewal interval
+/// How long after a restart's death a failover may come: one lease and one renewal interval
 /// after the restart was over (the documented bound; the checker judges a closer one as a
-/// loss of everything), + what a restart takes from its death to answering again.
+/// loss of everything), plus what a restart takes from its death to answering again.
 fn failover_gap_us(shared: &Shared) -> i64 {
     const READY_SLACK_MS: u64 = 300;
     ((shared.cfg.lease_ms + shared.cfg.renew_ms + READY_SLACK_MS) * 1000) as i64
 }
 
 /// Waits until a failover may come: the documented bound covers failovers at least one lease
-/// + one renewal interval apart (closer ones, a cascade, may together lose more than one
+/// and one renewal interval apart (closer ones, a cascade, may together lose more than one
 /// renewal interval of writes).
 async fn failover_spacing(shared: &Shared) {
     loop {
