@@ -105,13 +105,8 @@ impl Timing {
     }
 }
 
-/// Most confirmations a lease keeps while they cannot be trusted yet (more are rare: beats
-/// of the heartbeat closer together than a renewal interval; one left out only keeps the
-/// trusted confirmation older, never newer than it may be).
-const UNTRUSTED_MAX: usize = 8;
-
 /// The calls that confirmed a lease (its grant, a waiter's registration, then renewals):
-/// when each was sent and answered, and the one the lease is trusted from.
+/// the one the lease is trusted from, and the anchor of the renewal rhythm.
 ///
 /// The trust rule. A failover may promote a replica that lags its master by less than one
 /// renewal interval `L` (the documented bound): the replica has every write the master
@@ -119,29 +114,28 @@ const UNTRUSTED_MAX: usize = 8;
 /// once a later confirmation was *sent* at or after `r + L`: that one was answered either by
 /// a master alive at its send time (so a failover that could still take effect killed it
 /// later, and its replica has everything up to `r`), or by a promoted replica, which then
-/// held the lease and renewed it. The lease is trusted from the send time of the newest
-/// confirmation that a later one made trusted this way (the first confirmation until then:
-/// a grant a failover lost is a lost grant, which the next renewal reports). Counting from
-/// "the confirmation before the last" is not enough: two confirmations less than `L` apart
-/// (a renewal and a heartbeat beat for another reason, or renewals rounded to a grid) may
-/// both be missing from the replica.
+/// held the lease and renewed it. Counting from "the confirmation before the last" is not
+/// enough: two confirmations less than `L` apart (a renewal and a heartbeat beat for another
+/// reason, or renewals rounded to a grid) may both be missing from the replica.
 ///
-/// The renewal rhythm follows an anchor: the next renewal is due one interval after the
-/// anchor's answer (the earliest moment it makes the anchor trusted), and the confirmation
-/// that makes it trusted is the next anchor. Confirmations in between (the heartbeat beating
-/// for waiters or expiries) neither delay nor hasten it.
+/// The anchor: the first confirmation, then each one sent at least `L` after the anchor's
+/// answer, which makes that anchor trusted and becomes the next anchor. The lease is
+/// trusted from the send time of the newest anchor made trusted so (the first confirmation
+/// until then: a grant a failover lost is a lost grant, which the next renewal reports).
+/// The next renewal is due `L` after the anchor's answer, the earliest moment it makes the
+/// anchor trusted. Confirmations in between (the heartbeat beating for waiters or expiries)
+/// neither delay nor hasten it, and are not trusted themselves (keeping them would cost
+/// every waiter memory for a deadline a few milliseconds later at best).
+///
+/// What it costs: 40 bytes per lease, kept by every waiter too (a grant keeps them).
 #[derive(Clone, Debug)]
 pub(crate) struct Confirmations {
     /// The lag a replica may have: one renewal interval.
     lag: Duration,
     /// Send time of the confirmation the lease is trusted from.
     trusted_from: Instant,
-    /// Send time of the newest confirmation.
-    last_sent: Instant,
     /// The anchor of the renewal rhythm: (sent, answered).
     anchor: (Instant, Instant),
-    /// Confirmations not trusted yet, (sent, answered), at most [`UNTRUSTED_MAX`].
-    untrusted: Vec<(Instant, Instant)>,
 }
 
 impl Confirmations {
@@ -151,48 +145,23 @@ impl Confirmations {
         Confirmations {
             lag,
             trusted_from: sent,
-            last_sent: sent,
             anchor: (sent, answered.max(sent)),
-            untrusted: Vec::new(),
         }
     }
 
     /// Records a confirmation by a call sent at `sent` and answered at `answered` (an older
-    /// call answering late counts too, as what it is).
+    /// call answering late changes nothing).
     pub(crate) fn confirm(&mut self, sent: Instant, answered: Instant) {
-        let answered = answered.max(sent);
-        if sent <= self.trusted_from {
-            return;
-        }
-        self.last_sent = self.last_sent.max(sent);
         if sent >= self.anchor.1 + self.lag {
             // the anchor is on every replica a failover may promote; this is the next one
-            self.trusted_from = self.trusted_from.max(self.anchor.0);
-            self.anchor = (sent, answered);
+            self.trusted_from = self.anchor.0;
+            self.anchor = (sent, answered.max(sent));
         }
-        if self.untrusted.len() < UNTRUSTED_MAX {
-            self.untrusted.push((sent, answered));
-        }
-        let (lag, last) = (self.lag, self.last_sent);
-        let mut trusted = self.trusted_from;
-        for &(s, a) in &self.untrusted {
-            if a + lag <= last {
-                trusted = trusted.max(s);
-            }
-        }
-        self.trusted_from = trusted;
-        self.untrusted.retain(|&(s, _)| s > trusted);
     }
 
     /// Send time of the confirmation the lease is trusted from.
     pub(crate) fn trusted_from(&self) -> Instant {
         self.trusted_from
-    }
-
-    /// Send time of the newest confirmation.
-    #[cfg(test)]
-    pub(crate) fn last_sent(&self) -> Instant {
-        self.last_sent
     }
 
     /// When the anchor confirmation was answered: the next renewal is due one interval
@@ -332,12 +301,6 @@ impl LeaseState {
         self.renewed.lock().unwrap().confirmations.anchor_answered()
     }
 
-    /// Send time of the newest confirmation.
-    #[cfg(test)]
-    pub(crate) fn renewed_at(&self) -> Instant {
-        self.renewed.lock().unwrap().confirmations.last_sent()
-    }
-
     /// Send time of the confirmation the deadline counts from: the newest one that a
     /// failover to a replica lagging by less than one renewal interval cannot have lost
     /// (see [`Confirmations`]).
@@ -438,18 +401,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_never_moves_the_confirmation_back() {
         let t0 = Instant::now();
-        let s = |n: u64| t0 + SECOND * n as u32;
+        let s = |n: u32| t0 + SECOND * n;
         let lease = lease_at(t0, Duration::from_secs(3));
         lease.renewed(s(2), s(2));
         assert_eq!(lease.trusted_from(), t0, "the grant");
-        // an older call answering late: a confirmation all the same, and one a renewal
-        // interval older than the newest
-        lease.renewed(s(1), s(1));
-        assert_eq!(lease.renewed_at(), s(2));
-        assert_eq!(lease.trusted_from(), s(1));
-        // one older than the trusted one changes nothing
-        lease.renewed(t0 + SECOND / 2, s(3));
-        assert_eq!(lease.trusted_from(), s(1));
+        let half = s(2) + SECOND / 2;
+        lease.renewed(half, half);
+        assert_eq!(
+            lease.trusted_from(),
+            t0,
+            "not an interval after the anchor's answer"
+        );
+        lease.renewed(s(3), s(3));
+        assert_eq!(lease.trusted_from(), s(2));
+        // an older call answering late changes nothing
+        lease.renewed(half, s(4));
+        assert_eq!(lease.trusted_from(), s(2));
+        assert_eq!(lease.anchor_answered(), s(3));
         lease.lose(LostReason::Unreachable);
         lease.lose(LostReason::NotHolder);
         assert_eq!(
@@ -462,10 +430,10 @@ mod tests {
 
     /// A failover to a replica that lags by less than one renewal interval may have lost
     /// every confirmation answered less than an interval before the newest was sent: the
-    /// deadline counts from the newest one older than that, and the next renewal is due an
-    /// interval after the answer to the anchor (which makes it trusted).
+    /// deadline counts from an anchor that a confirmation sent an interval after its answer
+    /// made trusted, and the next renewal is due an interval after the answer to the anchor.
     #[tokio::test(start_paused = true)]
-    async fn the_deadline_counts_from_a_confirmation_one_renewal_interval_older_than_the_newest() {
+    async fn the_deadline_counts_from_a_confirmation_one_renewal_interval_older_than_a_later_one() {
         let timing = Timing::new(Duration::from_secs(3), SECOND, SECOND);
         let ms = |n: u64| Instant::now() + Duration::from_millis(n);
         let t0 = Instant::now();
@@ -497,39 +465,12 @@ mod tests {
         assert_eq!(timing.renewal_due(&lease), ms(3030));
         lease.renewed(ms(3030), ms(3040));
         assert_eq!(lease.trusted_from(), ms(2020), "the anchor");
-        lease.renewed(ms(3110), ms(3115));
-        assert_eq!(
-            lease.trusted_from(),
-            ms(2100),
-            "the beat, once an interval old"
-        );
         assert_eq!(timing.renewal_due(&lease), ms(4040));
         // each renewal comes before the deadline, and moves it on (renewal ≤ lease / 3)
         assert!(timing.renewal_due(&lease) < lease.deadline());
         lease.renewed(ms(4040), ms(4050));
         assert_eq!(lease.deadline(), ms(3030 + 2700));
         assert!(timing.renewal_due(&lease) < lease.deadline());
-    }
-
-    /// The confirmations kept while untrusted are bounded; one left out never makes the
-    /// trusted confirmation newer than it may be.
-    #[tokio::test(start_paused = true)]
-    async fn many_confirmations_within_one_interval_are_bounded_and_trusted_conservatively() {
-        let t0 = Instant::now();
-        let ms = |n: u64| t0 + Duration::from_millis(n);
-        let mut c = Confirmations::new(t0, t0, SECOND);
-        for i in 1..100 {
-            c.confirm(ms(i * 10), ms(i * 10 + 1));
-        }
-        assert!(c.untrusted.len() <= UNTRUSTED_MAX);
-        assert_eq!(
-            c.trusted_from(),
-            t0,
-            "nothing answered an interval before the newest"
-        );
-        c.confirm(ms(1100), ms(1101));
-        let trusted = c.trusted_from();
-        assert!(trusted > t0 && trusted <= ms(100), "{:?}", trusted - t0);
     }
 
     /// A longer lease counts only from a confirmation sent after the change: a replica (or a
