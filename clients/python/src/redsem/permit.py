@@ -36,9 +36,9 @@ class Permit:
 
     Its lease is renewed in the background while it is held. If a renewal finds the entry
     gone, or no renewal is confirmed before `trusted confirmation + lease - margin` (the
-    trusted confirmation: the newest one answered at least one renewal interval before a later
-    one was sent, docs/PROTOCOL.md rule 4), the permit is *lost*: `lost` is set, `lost_reason` says why, and the work guarded by
-    `run()` or by `async with sem.acquire()` is cancelled.
+    trusted confirmation: one answered at least one renewal interval before a later one was
+    sent, docs/PROTOCOL.md rule 4), the permit is *lost*: `lost` is set, `lost_reason` says
+    why, and the work guarded by `run()` or by `async with sem.acquire()` is cancelled.
 
     Release it with `await permit.release()` (the `async with` form does it for you).
     """
@@ -94,9 +94,9 @@ class Permit:
         self._confirmations.confirm(sent, answered)
 
     def lease_left(self) -> float:
-        """Seconds until the local loss deadline, counted from the trusted confirmation: the
-        newest one answered at least one renewal interval before a later one was sent
-        (docs/PROTOCOL.md rule 4)."""
+        """Seconds until the local loss deadline, counted from the trusted confirmation: one
+        answered at least one renewal interval before a later one was sent (docs/PROTOCOL.md
+        rule 4)."""
         return max(0.0, self._deadline() - time.monotonic())
 
     def is_lost(self) -> bool:

@@ -15,10 +15,10 @@ and its heartbeat (two asyncio tasks), as docs/PROTOCOL.md "What a client must d
   granted, or removed, and their notification was lost).
 - A holder whose lease was not confirmed by `the trusted confirmation + lease - margin`
   (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even while a
-  renewal call hangs. The trusted confirmation is the newest one answered at least one
-  renewal interval before a later one was sent: a failover to a replica lagging by less than
-  an interval cannot have lost it (it may have lost the last one, and every other one that
-  came close before it). A holder's renewal is due one renewal interval after the answer to
+  renewal call hangs. The trusted confirmation is one answered at least one renewal interval
+  before a later one was sent: a failover to a replica lagging by less than an interval
+  cannot have lost it (it may have lost the last one, and every other one that came close
+  before it). A holder's renewal is due one renewal interval after the answer to
   its anchor confirmation, which it makes trusted (see `_lease.py`).
 """
 
