@@ -202,7 +202,7 @@ def test_a_holder_that_cannot_reach_redis_stops_by_its_local_deadline(own_server
                     admin.execute_command("CLIENT", "PAUSE", 4000, "ALL")  # renewals hang
                     paused = time.monotonic()
                     await asyncio.sleep(30)
-            # lost by the deadline (renewal before the last + lease - margin), not when a hung
+            # lost by the deadline (trusted confirmation + lease - margin), not when a hung
             # renewal finally returned after the pause
             assert time.monotonic() - paused < 3.5
             assert err.value.reason == UNREACHABLE == p.lost_reason

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, NamedTuple, Op
 from .errors import LeaseLost
 
 if TYPE_CHECKING:
+    from ._lease import _Confirmations
     from . import _protocol
     from .semaphore import Semaphore
 
@@ -34,16 +35,16 @@ class Permit:
     """A held permit (one or more permits of one acquisition).
 
     Its lease is renewed in the background while it is held. If a renewal finds the entry
-    gone, or no renewal is confirmed before `renewal before the last + lease - margin`, the
-    permit is *lost*: `lost` is set, `lost_reason` says why, and the work guarded by
-    `run()` or by `async with sem.acquire()` is cancelled.
+    gone, or no renewal is confirmed before `trusted confirmation + lease - margin` (the
+    trusted confirmation: one answered at least one renewal interval before a later one was
+    sent, docs/PROTOCOL.md rule 4), the permit is *lost*: `lost` is set, `lost_reason` says
+    why, and the work guarded by `run()` or by `async with sem.acquire()` is cancelled.
 
     Release it with `await permit.release()` (the `async with` form does it for you).
     """
 
     def __init__(self, sem: "Semaphore", holder_id: str, n: int, ticket: int,
-                 slots: Tuple[int, ...], fences: Tuple[int, ...], renewed_at: float,
-                 trusted_from: Optional[float] = None):
+                 slots: Tuple[int, ...], fences: Tuple[int, ...], confirmations: "_Confirmations"):
         self._sem = sem
         self.holder_id = holder_id
         """The holder id in Redis, as `stats()` lists it."""
@@ -56,8 +57,9 @@ class Permit:
         self.lost = asyncio.Event()
         """Set once the lease is lost (never set by a release)."""
         self.lost_reason: Optional[str] = None
-        self._renewed_at = renewed_at
-        self._trusted_from = renewed_at if trusted_from is None else trusted_from
+        #: The calls that confirmed the lease (for a granted waiter, its own: the grant keeps
+        #: the waiter's lease).
+        self._confirmations = confirmations
         self._released = False
         self._on_lost: List[Callable[[], Any]] = []
 
@@ -77,16 +79,24 @@ class Permit:
         return self._released
 
     def _deadline(self) -> float:
-        # from the confirmation before the last: a failover may have lost the last renewal
-        return self._trusted_from + self._sem._lease - self._sem._margin
+        # from the trusted confirmation: a failover to a replica lagging by less than one
+        # renewal interval may have lost every confirmation answered less than an interval
+        # before the newest was sent
+        return self._confirmations.trusted_from + self._sem._lease - self._sem._margin
 
-    def _confirm(self, sent: float) -> None:
-        if sent > self._renewed_at:
-            self._trusted_from, self._renewed_at = self._renewed_at, sent
+    def _renewal_due(self) -> float:
+        """When the next renewal is due: one renewal interval after the answer to the anchor
+        confirmation (the earliest moment a renewal makes the anchor trusted)."""
+        return self._confirmations.anchor_answered + self._sem._renew_every
+
+    def _confirm(self, sent: float, answered: float) -> None:
+        """A call sent at `sent` and answered at `answered` confirmed the lease."""
+        self._confirmations.confirm(sent, answered)
 
     def lease_left(self) -> float:
-        """Seconds until the local loss deadline, counted from the confirmed renewal before the
-        last one (docs/PROTOCOL.md rule 4)."""
+        """Seconds until the local loss deadline, counted from the trusted confirmation: one
+        answered at least one renewal interval before a later one was sent (docs/PROTOCOL.md
+        rule 4)."""
         return max(0.0, self._deadline() - time.monotonic())
 
     def is_lost(self) -> bool:

@@ -13,10 +13,13 @@ and its heartbeat (two asyncio tasks), as docs/PROTOCOL.md "What a client must d
   (all of them after a reconnect of the subscriber or when the session had lost its lease;
   otherwise those whose ticket is below the head of the queue the reply reports: they were
   granted, or removed, and their notification was lost).
-- A holder whose lease was not confirmed by `the confirmed renewal before the last + lease -
-  margin` (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even
-  while a renewal call hangs (counting from the renewal before the last covers a failover
-  to a replica that missed the last one).
+- A holder whose lease was not confirmed by `the trusted confirmation + lease - margin`
+  (margin = lease/10, at most 1 s; monotonic clock) is lost at that moment, even while a
+  renewal call hangs. The trusted confirmation is one answered at least one renewal interval
+  before a later one was sent: a failover to a replica lagging by less than an interval
+  cannot have lost it (it may have lost the last one, and every other one that came close
+  before it). A holder's renewal is due one renewal interval after the answer to
+  its anchor confirmation, which it makes trusted (see `_lease.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _protocol
@@ -41,6 +44,7 @@ from .errors import (
     Timeout,
     TooManyPermits,
 )
+from ._lease import _Confirmations
 from .permit import AcquireContext, Permit
 from .stats import Stats
 
@@ -59,10 +63,10 @@ _REQUEUE = object()
 class _Waiter:
     n: int
     future: "asyncio.Future[Any]"
-    renewed_at: float = field(default_factory=time.monotonic)
-    #: The confirmation before `renewed_at`: what a granted waiter's deadline counts from
-    #: (docs/PROTOCOL.md rule 4).
-    trusted_from: float = field(default_factory=time.monotonic)
+    #: The calls that confirmed the waiter's lease (its registration, then renewals of its
+    #: session, each sent and answered): a grant keeps that lease, so the holder's lease
+    #: clock starts with these (docs/PROTOCOL.md rule 4).
+    confirmations: _Confirmations
     #: The ticket `acquire.lua` answered "queued" with: only then may the heartbeat check
     #: it (a check that reached Redis before the acquire would find it "gone").
     ticket: Optional[int] = None
@@ -71,10 +75,9 @@ class _Waiter:
     def queued(self) -> bool:
         return self.ticket is not None
 
-    def confirm(self, sent: float) -> None:
-        """A call sent at `sent` confirmed the waiter (an older call answering late is ignored)."""
-        if sent > self.renewed_at:
-            self.trusted_from, self.renewed_at = self.renewed_at, sent
+    def confirm(self, sent: float, answered: float) -> None:
+        """A call sent at `sent` and answered at `answered` confirmed the waiter."""
+        self.confirmations.confirm(sent, answered)
 
 
 class Semaphore:
@@ -297,7 +300,8 @@ class Semaphore:
             id = _protocol.new_entry_id(self._suffix)
             w: Optional[_Waiter] = None
             if not try_only:
-                w = _Waiter(n, loop.create_future())
+                now = time.monotonic()
+                w = _Waiter(n, loop.create_future(), _Confirmations(now, now, self._renew_every))
                 self._waiters[id] = w  # before the call: the grant may be published first
             req = _protocol.Request(id, n, self._lease_ms, self._lease_ms, self._suffix, self._label, try_only)
             sent = time.monotonic()
@@ -306,16 +310,16 @@ class Semaphore:
             except BaseException:
                 self._give_up(id, w)
                 raise
+            answered = time.monotonic()
             if isinstance(reply, _protocol.Held):
                 if w is None:
-                    return self._new_holder(id, n, reply.grant, sent, sent)
-                w.confirm(sent)
-                self._deliver(id, reply.grant, sent)
+                    return self._new_holder(id, n, reply.grant, _Confirmations(sent, answered, self._renew_every))
+                self._deliver(id, reply.grant, (sent, answered))
             elif isinstance(reply, _protocol.Queued):
                 if w is not None:
                     if not any(other.queued for other in self._waiters.values()):
                         self._waiters_checked_at = sent  # the first queued waiter: poll from now
-                    w.confirm(sent)
+                    w.confirm(sent, answered)
                     w.ticket = reply.ticket
                 self._expect_expiry(reply.next_expiry_ms)
                 self._poke()
@@ -354,23 +358,24 @@ class Semaphore:
                 permit._released = True
                 self._release_later([id])
 
-    def _new_holder(self, id: str, n: int, grant: _protocol.Grant, renewed_at: float,
-                    trusted_from: float) -> Permit:
-        permit = Permit(self, id, n, grant.ticket, grant.slots, grant.fences, renewed_at, trusted_from)
+    def _new_holder(self, id: str, n: int, grant: _protocol.Grant, confirmations: _Confirmations) -> Permit:
+        permit = Permit(self, id, n, grant.ticket, grant.slots, grant.fences, confirmations)
         self._holders[id] = permit
         self._poke()
         return permit
 
-    def _deliver(self, id: str, grant: _protocol.Grant, confirmed_at: Optional[float] = None) -> None:
-        """A grant for `id` (from a reply, a notification or a renewal)."""
+    def _deliver(self, id: str, grant: _protocol.Grant,
+                 confirmed: Optional[Tuple[float, float]] = None) -> None:
+        """A grant for `id` (from a reply, a notification or a renewal); `confirmed`: the
+        (sent, answered) times of the call that brought it, if it confirmed the waiter."""
         w = self._waiters.pop(id, None)
         if w is None:
             if id not in self._holders:  # nobody waits for it any more: give the slots back
                 self._release_later([id])
             return
-        if confirmed_at is not None:
-            w.confirm(confirmed_at)
-        permit = self._new_holder(id, w.n, grant, w.renewed_at, w.trusted_from)
+        if confirmed is not None:
+            w.confirm(*confirmed)
+        permit = self._new_holder(id, w.n, grant, w.confirmations)
         if not w.future.done():
             w.future.set_result(permit)
 
@@ -422,10 +427,9 @@ class Semaphore:
         elif self._retry_at is not None:
             times.append(self._retry_at)  # after a failed call, nothing is due before the retry
         else:
-            # one renewal interval after the last confirmation, and at once after a renewal
-            # that succeeded late (the deadline counts from the confirmation before it)
-            times += [min(p._renewed_at + self._renew_every, p._trusted_from + 2 * self._renew_every)
-                      for p in self._holders.values()]
+            # one renewal interval after the answer to each holder's anchor confirmation
+            # (the heartbeat's other beats neither delay nor hasten it)
+            times += [p._renewal_due() for p in self._holders.values()]
             if any(w.queued for w in self._waiters.values()):
                 times.append(self._waiters_checked_at + self._fallback)
                 if self._next_check is not None:
@@ -479,22 +483,24 @@ class Semaphore:
             return
         sessions = self._sessions()
         checked: set = set()
-        first_sent = time.monotonic()
         doubted = self._in_doubt(checked)
         chunk = doubted[:_protocol.WAITERS_PER_CALL]
-        ok = await self._renew_call(sessions, holders, chunk)
+        answered = first_answered = await self._renew_call(sessions, holders, chunk)
         checked.update(chunk)
         # The reply may have put waiters in doubt (a head of the queue above their tickets, a
         # session without a lease, the rest of a long list): check them now.
-        while ok:
+        while answered is not None:
             doubted = self._in_doubt(checked)
             if not doubted:
                 break
             chunk = doubted[:_protocol.WAITERS_PER_CALL]
-            ok = await self._renew_call([], [], chunk)
+            answered = await self._renew_call([], [], chunk)
             checked.update(chunk)
-        if ok:
-            self._waiters_checked_at = first_sent
+        if answered is not None and first_answered is not None:
+            # from the first answer, as the holders' renewals (one interval after the answer
+            # to their anchor): with a fallback poll of one renewal interval, both are due
+            # together and share a call
+            self._waiters_checked_at = first_answered
         else:
             self._check_all = True  # retried as a whole
 
@@ -508,9 +514,9 @@ class Semaphore:
                 if w.ticket is not None and (all_ or w.ticket < self._doubt_below) and id not in checked]
 
     async def _renew_call(self, sessions: List[Tuple[str, int]], holders: List[Tuple[str, Permit]],
-                          waiters: List[str]) -> bool:
+                          waiters: List[str]) -> Optional[float]:
         """One `renew.lua` call: renews `sessions`, checks `holders` and `waiters`, delivers
-        grants and losses. Returns whether Redis answered."""
+        grants and losses. Returns when Redis answered (`None`: it did not)."""
         sent = time.monotonic()
         ids = [h for h, _ in holders] + waiters
         try:
@@ -519,7 +525,8 @@ class Semaphore:
         except (RedsemError, ValueError) as e:
             log.warning("redsem: renewal of %s failed (%s); retrying", self.name, e)
             self._retry_at = time.monotonic() + RETRY
-            return False
+            return None
+        answered = time.monotonic()
         self._retry_at = None
         self._next_check = None
         self._expect_expiry(renewal.next_expiry_ms)
@@ -530,11 +537,11 @@ class Semaphore:
             # every session's lease runs from `sent` on: so does every waiter's (whose grant,
             # if any, keeps it until it is renewed as a holder)
             for w in self._waiters.values():
-                w.confirm(sent)
+                w.confirm(sent, answered)
         states = renewal.states
         for (id, permit), state in zip(holders, states):
             if isinstance(state, _protocol.Held) and permit._is_grant(state.grant):
-                permit._confirm(sent)
+                permit._confirm(sent, answered)
             else:
                 # gone, or granted afresh under the same id after Redis lost this grant
                 # (a failover to a replica that missed it): not this permit's slots
@@ -552,7 +559,7 @@ class Semaphore:
                 self._lose(permit, NOT_HOLDER)
             else:
                 self._requeue(id)
-        return True
+        return answered
 
     def _requeue(self, id: str) -> None:
         """The ticket of waiter `id` is lost: its acquire queues again."""
