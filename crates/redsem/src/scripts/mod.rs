@@ -208,18 +208,35 @@ pub(crate) async fn renew(
     sessions: &[Session<'_>],
     ids: &[&str],
 ) -> CallResult<Renewal> {
-    let v = RENEW
-        .run(conn, t, |inv| {
-            inv.arg(sessions.len());
-            for (sid, ms) in sessions {
-                inv.arg(*sid).arg(*ms);
-            }
-            for id in ids {
-                inv.arg(*id);
-            }
-        })
-        .await?;
-    reply::renew(&v, sessions.len(), ids.len())
+    let values = renew_then(conn, t, sessions, ids, |_| {}).await?;
+    reply::renew(&values[0], sessions.len(), ids.len())
+}
+
+/// A `renew.lua` call on `t` for `sessions` and `ids`, followed in the same pipeline by the
+/// commands `then` adds: the script's reply first, then theirs (see [`Lua::pipelined`]).
+async fn renew_then(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    sessions: &[Session<'_>],
+    ids: &[&str],
+    then: impl Fn(&mut redis::Pipeline),
+) -> CallResult<Vec<Value>> {
+    let a = RenewArgs {
+        target: *t,
+        sessions,
+        ids,
+    };
+    RENEW
+        .pipelined(
+            conn,
+            t,
+            |cmd| {
+                cmd.arg(t.keys.all.len()).arg(&t.keys.all[..]);
+                renew_args(cmd, &a);
+            },
+            then,
+        )
+        .await
 }
 
 /// One semaphore's part of a [`renew_many`] call: what [`renew`] takes.
@@ -320,26 +337,12 @@ pub(crate) async fn renew_and_wait(
     replicas: u32,
     timeout: std::time::Duration,
 ) -> CallResult<SyncedRenewal> {
-    let a = RenewArgs {
-        target: *t,
-        sessions,
-        ids,
-    };
-    let values = RENEW
-        .pipelined(
-            conn,
-            t,
-            |cmd| {
-                cmd.arg(t.keys.all.len()).arg(&t.keys.all[..]);
-                renew_args(cmd, &a);
-            },
-            |pipe| {
-                pipe.cmd("WAIT")
-                    .arg(replicas)
-                    .arg(timeout.as_millis() as u64);
-            },
-        )
-        .await?;
+    let values = renew_then(conn, t, sessions, ids, |pipe| {
+        pipe.cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis() as u64);
+    })
+    .await?;
     let (renewed, acked) = match values.as_slice() {
         [renewed, acked] => (renewed, acked),
         _ => return Err(reply::unexpected(&Value::Array(values))),
