@@ -400,9 +400,10 @@ impl<'a> Pending<'a> {
             if st.waiters.is_empty() {
                 shared.heartbeat.first_waiter();
             }
-            st.waiters.insert(
+            st.add_waiter(
                 id.clone(),
-                Waiter::new(tx, shared.name(), shared.timing.renew_every),
+                Waiter::new(tx, shared.name()),
+                shared.timing.renew_every,
             );
             drop(st);
             shared.table.poke.notify_one();

@@ -569,8 +569,7 @@ mod tests {
 
     fn add_waiter(st: &mut Entries) {
         let (tx, _rx) = oneshot::channel();
-        st.waiters
-            .insert("w".into(), Waiter::new(tx, "test", RENEW));
+        st.add_waiter("w".into(), Waiter::new(tx, "test"), RENEW);
     }
 
     #[tokio::test(start_paused = true)]

@@ -125,9 +125,9 @@ impl Timing {
 /// The next renewal is due `L` after the anchor's answer, the earliest moment it makes the
 /// anchor trusted. Confirmations in between (the heartbeat beating for waiters or expiries)
 /// neither delay nor hasten it, and are not trusted themselves (keeping them would cost
-/// every waiter memory for a deadline a few milliseconds later at best).
+/// memory for a deadline a few milliseconds later at best).
 ///
-/// What it costs: 40 bytes per lease, kept by every waiter too (a grant keeps them).
+/// What it costs: 40 bytes per holder, and one for all the waiters of a handle (`table.rs`).
 #[derive(Clone, Debug)]
 pub(crate) struct Confirmations {
     /// The lag a replica may have: one renewal interval.

@@ -35,9 +35,6 @@ pub(crate) enum Outcome {
 /// One pending acquire.
 pub(crate) struct Waiter {
     tx: oneshot::Sender<Outcome>,
-    /// The calls that confirmed this waiter's lease (its registration, then renewals of its
-    /// session). A grant keeps that lease, so the holder's lease clock starts with these.
-    confirmations: Confirmations,
     /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
     /// heartbeat never checks it: a check that overtook the acquire would find it missing.
     ticket: Option<u64>,
@@ -46,13 +43,10 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// A waiter of the semaphore `name` registered now, resolved through `tx`, whose
-    /// handle renews every `renew_every`.
-    pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str, renew_every: Duration) -> Waiter {
-        let now = Instant::now();
+    /// A waiter of the semaphore `name`, resolved through `tx`.
+    pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
         Waiter {
             tx,
-            confirmations: Confirmations::new(now, now, renew_every),
             ticket: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
@@ -75,6 +69,12 @@ pub(crate) struct Entries {
     /// The lease lengths (ms) that went out of use, and when: their sessions may still be in
     /// Redis until one lease after that, and a closing handle ends them too.
     pub(crate) unused: BTreeMap<u64, Instant>,
+    /// The calls that confirmed the waiters' session (the lease of every waiter: entries live
+    /// as long as their session) since the first of the current waiters registered. A grant
+    /// keeps that lease, so a granted waiter's lease clock starts with these. One for all
+    /// waiters: a waiter registered later counts from older confirmations, which only
+    /// brings its deadline earlier.
+    waiter_session: Option<Confirmations>,
 }
 
 impl Entries {
@@ -87,11 +87,22 @@ impl Entries {
             .collect()
     }
 
-    /// Records a confirmed renewal of the session of every waiter, sent at `sent` and
-    /// answered at `answered`.
+    /// Registers the waiter `id`, now; the first of the current waiters starts the waiters'
+    /// session's confirmations ([`waiters_renewed`](Self::waiters_renewed)), renewed every
+    /// `renew_every`.
+    pub(crate) fn add_waiter(&mut self, id: Arc<str>, waiter: Waiter, renew_every: Duration) {
+        if self.waiters.is_empty() {
+            let now = Instant::now();
+            self.waiter_session = Some(Confirmations::new(now, now, renew_every));
+        }
+        self.waiters.insert(id, waiter);
+    }
+
+    /// Records a confirmed renewal of the waiters' session, sent at `sent` and answered at
+    /// `answered`.
     pub(crate) fn waiters_renewed(&mut self, sent: Instant, answered: Instant) {
-        for w in self.waiters.values_mut() {
-            w.confirmations.confirm(sent, answered);
+        if let Some(c) = &mut self.waiter_session {
+            c.confirm(sent, answered);
         }
     }
 
@@ -261,10 +272,11 @@ impl Table {
             return;
         };
         if let Outcome::Granted(_) = what {
-            let lease = Arc::new(LeaseState::confirmed(
-                waiter.confirmations.clone(),
-                self.wait_lease,
-            ));
+            let confirmations = st
+                .waiter_session
+                .clone()
+                .expect("a registered waiter started the waiters' session");
+            let lease = Arc::new(LeaseState::confirmed(confirmations, self.wait_lease));
             st.holders.insert(id.to_owned(), lease);
         }
         // no longer waiting: out of the gauge before its acquire can see the outcome
@@ -289,5 +301,45 @@ impl Table {
             let _ = tx.send(Outcome::Closed);
         }
         self.poke.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RENEW: Duration = Duration::from_secs(1);
+
+    fn register(st: &mut Entries, id: &str) {
+        let (tx, _rx) = oneshot::channel();
+        st.add_waiter(id.into(), Waiter::new(tx, "test"), RENEW);
+    }
+
+    /// The waiters share one chain of confirmations: the session's renewals since the first
+    /// of the current waiters registered. A later waiter counts from it (older: only an
+    /// earlier deadline); once nobody waits, the next first waiter starts a fresh one, so
+    /// that its grant is not counted from renewals made before it (or from none).
+    #[tokio::test(start_paused = true)]
+    async fn waiters_share_the_sessions_confirmations_from_the_first_registration() {
+        let t0 = Instant::now();
+        let mut st = Entries::default();
+        st.waiters_renewed(t0, t0); // nobody waits: nothing to confirm
+        assert!(st.waiter_session.is_none());
+        register(&mut st, "a");
+        let s = |n: u32| t0 + RENEW * n;
+        st.waiters_renewed(s(1), s(1));
+        st.waiters_renewed(s(2), s(2));
+        tokio::time::advance(RENEW * 2).await;
+        register(&mut st, "b");
+        let trusted = |st: &Entries| st.waiter_session.as_ref().unwrap().trusted_from();
+        assert_eq!(trusted(&st), s(1), "b counts from the chain a started");
+        st.waiters.clear();
+        tokio::time::advance(RENEW * 10).await;
+        register(&mut st, "c");
+        assert_eq!(
+            trusted(&st),
+            Instant::now(),
+            "a fresh chain for a first waiter"
+        );
     }
 }
