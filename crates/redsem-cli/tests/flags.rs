@@ -277,7 +277,7 @@ fn shell_runs_the_command_through_sh() {
 #[test]
 fn one_exit_status_table_for_every_subcommand() {
     let help = |args: &[&str]| {
-        let out = run(std::process::Command::new(env!("CARGO_BIN_EXE_redsem")).args(args));
+        let out = run(cli_command().args(args));
         assert_eq!(code(&out), 0);
         let text = stdout(&out);
         let at = text

@@ -9,6 +9,22 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use test_support::{Flavor, Server, ServerOptions};
 
+/// The command that starts the CLI under test: the built `redsem` binary, or, when
+/// `REDSEM_CLI_LAUNCHER` is set, that command (its words split on whitespace), e.g.
+/// `/venv/bin/python -m redsem` or `node clients/node/bin/redsem.js`: the same suite then
+/// checks the Python and Node.js packages' entry points, which run the same CLI code.
+pub fn cli_command() -> Command {
+    match std::env::var("REDSEM_CLI_LAUNCHER") {
+        Ok(launcher) if !launcher.trim().is_empty() => {
+            let mut words = launcher.split_whitespace();
+            let mut c = Command::new(words.next().unwrap());
+            c.args(words);
+            c
+        }
+        _ => Command::new(env!("CARGO_BIN_EXE_redsem")),
+    }
+}
+
 /// The binary under test, pointed at `server` with the default prefix.
 pub fn redsem(server: &Server) -> Command {
     redsem_at(&server.url())
@@ -16,7 +32,7 @@ pub fn redsem(server: &Server) -> Command {
 
 /// The binary under test, pointed at `url`.
 pub fn redsem_at(url: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_redsem"));
+    let mut c = cli_command();
     c.env("REDIS_URL", url).stdin(Stdio::null());
     for var in [
         "REDSEM_URL",
