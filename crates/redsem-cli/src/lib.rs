@@ -229,10 +229,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub shell: bool,
 
-    /// When the slot is lost, how long the command has to exit after SIGTERM before its
-    /// process group gets SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub kill_after: Duration,
+    /// How long the command has to exit after SIGTERM before its process group gets SIGKILL,
+    /// when the slot is lost or could run out. While Redis does not confirm renewals, SIGTERM
+    /// comes this long before the lease could run out in Redis, and SIGKILL at that moment,
+    /// so the command is dead before the slot can be granted elsewhere. Default: a quarter of
+    /// --lease, at most 10s; at most half of --lease.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub kill_after: Option<Duration>,
 
     /// Report waiting, acquisition (slots, fences) and release on stderr.
     #[arg(long, short)]

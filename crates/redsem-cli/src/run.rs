@@ -31,9 +31,57 @@ run fails at once (126, 127).
 
 The command runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to redsem are
 forwarded to that group; the permits are released as soon as the command exits. If the
-slot is lost (the lease could not be renewed, or an operator released it), the group gets
-SIGTERM, then SIGKILL after --kill-after. If redsem itself is killed, the command gets
-SIGTERM (Linux) and the permits free within one lease.";
+slot is lost (a renewal found it gone: an operator released it, or Redis lost it), the
+group gets SIGTERM, then SIGKILL after --kill-after. While Redis does not confirm renewals,
+the group gets SIGTERM --kill-after before the lease could run out in Redis and SIGKILL at
+that moment, before the slot can be granted elsewhere; so --kill-after may be at most half
+the lease (default: a quarter of it, at most 10s), and redsem renews every
+(lease - kill-after) / 4. If redsem itself is killed, the command gets SIGTERM (Linux) and
+the permits free within one lease.";
+
+/// The longest `--kill-after` when none is given; the default is a quarter of the lease.
+const DEFAULT_KILL_AFTER_MAX: Duration = Duration::from_secs(10);
+
+/// How `run` stops its command in time: the grace between SIGTERM and SIGKILL, and how often
+/// the lease is renewed so that in normal operation it never comes within that grace of
+/// running out (see [`RUN_HELP`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stopping {
+    /// `--kill-after`, or its default.
+    kill_after: Duration,
+    /// The renewal interval of the handle.
+    renew_every: Duration,
+}
+
+impl Stopping {
+    /// The stopping rule for `--lease` and `--kill-after`: SIGTERM when the permit's local
+    /// deadline (which the library keeps a safety margin before the lease can expire in
+    /// Redis) is `kill_after` away, SIGKILL at the deadline. Renewing every
+    /// (lease − kill_after) / 4 keeps the deadline at least about
+    /// 0.44 × (lease − kill_after) − margin beyond `kill_after` between renewals (the
+    /// library trusts a lease from the renewal before the last), so a renewal may come late
+    /// by that much before the command is stopped. Errors: a `kill_after` above half the
+    /// lease, which would leave the renewals too little room.
+    fn new(lease: Duration, kill_after: Option<Duration>) -> Result<Stopping, String> {
+        let kill_after = kill_after.unwrap_or_else(|| (lease / 4).min(DEFAULT_KILL_AFTER_MAX));
+        if kill_after > lease / 2 {
+            return Err(format!(
+                "--kill-after {} does not fit --lease {}: while Redis does not confirm renewals, \
+                 the command gets SIGTERM --kill-after before its lease could run out in Redis, \
+                 and SIGKILL at that moment, so --kill-after may be at most half the lease ({}): \
+                 give --lease {} or more, or a shorter --kill-after",
+                fmt_dur(kill_after),
+                fmt_dur(lease),
+                fmt_dur(lease / 2),
+                fmt_dur(kill_after * 2),
+            ));
+        }
+        Ok(Stopping {
+            kill_after,
+            renew_every: (lease - kill_after) / 4,
+        })
+    }
+}
 
 /// The signals `run` forwards to the command.
 struct Signals {
@@ -73,6 +121,7 @@ fn signal_name(sig: i32) -> &'static str {
 
 /// Runs `redsem run`; returns the exit code.
 pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
+    let stop = Stopping::new(a.lease, a.kill_after).map_err(Failure::Other)?;
     let mut signals = Signals::install()
         .map_err(|e| Failure::Other(format!("cannot install signal handlers: {e}")))?;
     let name = a.name().to_owned();
@@ -91,7 +140,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     // Nothing is queued yet: a signal here just stops.
     let setup = async {
         let client = common::connect(g).await?;
-        let sem = open(&client, &a, &label).await?;
+        let sem = open(&client, &a, &label, stop).await?;
         Ok::<_, Failure>((client, sem))
     };
     let (client, sem) = tokio::select! {
@@ -197,30 +246,62 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
 
     let lost = permit.lost();
     tokio::pin!(lost);
-    let mut lost_at: Option<Instant> = None;
-    let mut killed = false;
+    // The moment the lease could run out in Redis, as last seen while the permit was not
+    // lost: it only moves later (with renewals).
+    let mut deadline = Instant::now() + permit.lease_left();
+    // Once the command is being stopped (SIGTERM sent): when SIGKILL is due, `None` once sent.
+    let mut stopping = false;
+    let mut kill_at: Option<Instant> = None;
     let status = loop {
-        let kill_at = lost_at.map(|t| t + a.kill_after);
+        if !permit.is_lost() {
+            deadline = Instant::now() + permit.lease_left();
+        }
+        let term_at = deadline
+            .checked_sub(stop.kill_after)
+            .unwrap_or_else(Instant::now);
         tokio::select! {
+            biased;
             st = child.wait() => break st,
-            reason = &mut lost, if lost_at.is_none() => {
+            // a renewal found the entry gone, or the client gave it up: the slot may be
+            // another's already
+            reason = &mut lost, if !stopping => {
+                let now = Instant::now();
+                let at = (now + stop.kill_after).min(deadline.max(now));
                 say!(
                     "redsem: lost the slot of semaphore {name:?} while the command ran: {reason}; \
                      sending SIGTERM to its process group {pgid}, SIGKILL in {}",
-                    fmt_dur(a.kill_after)
+                    fmt_dur(at - now)
                 );
                 killpg(pgid, libc::SIGTERM);
-                lost_at = Some(Instant::now());
+                stopping = true;
+                kill_at = Some(at);
+            }
+            // no renewal confirmed in time: stop the command before the lease can run out
+            _ = tokio::time::sleep_until(term_at), if !stopping => {
+                let left = permit.lease_left();
+                if left <= stop.kill_after {
+                    say!(
+                        "redsem: about to lose the slot of semaphore {name:?}: Redis has not \
+                         confirmed a renewal of its lease, which could run out in Redis in {}; \
+                         sending SIGTERM to the command's process group {pgid}, SIGKILL in {}",
+                        fmt_dur(left),
+                        fmt_dur(left)
+                    );
+                    killpg(pgid, libc::SIGTERM);
+                    stopping = true;
+                    kill_at = Some(Instant::now() + left);
+                }
+                // else a renewal moved the deadline on: wait for the new one
             }
             // (without a kill time the branch is disabled and its sleep never polled)
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)),
-                if kill_at.is_some() && !killed => {
+                if kill_at.is_some() => {
                 say!(
-                    "redsem: the command did not exit within {} of SIGTERM; sending SIGKILL to process group {pgid}",
-                    fmt_dur(a.kill_after)
+                    "redsem: the command did not exit after SIGTERM; sending SIGKILL to process \
+                     group {pgid} before its slot can be granted elsewhere"
                 );
                 killpg(pgid, libc::SIGKILL);
-                killed = true;
+                kill_at = None;
             }
             sig = signals.recv() => {
                 if a.verbose {
@@ -233,8 +314,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     terminal.take_back();
     let status = status.map_err(|e| Failure::Other(format!("cannot wait for the command: {e}")))?;
 
-    if lost_at.is_some() {
-        // the lease is gone: nothing of the group may keep using the resource
+    if stopping {
+        // the lease is gone, or about to be: nothing of the group may keep using the resource
         killpg(pgid, libc::SIGKILL);
         drop(permit);
         shutdown(&client).await;
@@ -267,12 +348,14 @@ async fn open(
     client: &redsem::Client,
     a: &RunArgs,
     label: &str,
+    stop: Stopping,
 ) -> Result<redsem::Semaphore, Failure> {
     let name = a.name();
     let open = |limit: u32| {
         client
             .semaphore(name, limit)
             .lease(a.lease)
+            .renew_every(stop.renew_every)
             .label(common::truncate(label, 200))
             .allow_evicting_policy(a.allow_evicting_policy)
             .open()
@@ -464,6 +547,56 @@ impl Terminal {
                 libc::tcsetpgrp(0, ours);
                 libc::signal(libc::SIGTTOU, old);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn the_default_kill_after_is_a_quarter_of_the_lease_at_most_10s() {
+        let d = Stopping::new(secs(10.0), None).unwrap();
+        assert_eq!(d.kill_after, secs(2.5), "the default --lease 10s");
+        assert_eq!(d.renew_every, secs(1.875));
+        assert_eq!(
+            Stopping::new(secs(3.0), None).unwrap().kill_after,
+            secs(0.75)
+        );
+        assert_eq!(
+            Stopping::new(secs(3600.0), None).unwrap().kill_after,
+            secs(10.0)
+        );
+    }
+
+    #[test]
+    fn a_kill_after_above_half_the_lease_is_refused() {
+        assert!(Stopping::new(secs(10.0), Some(secs(5.0))).is_ok());
+        assert!(Stopping::new(secs(10.0), Some(Duration::ZERO)).is_ok());
+        let e = Stopping::new(secs(10.0), Some(secs(10.0))).unwrap_err();
+        assert!(e.contains("at most half the lease (5.0s)"), "{e}");
+        assert!(e.contains("--lease 20.0s or more"), "{e}");
+        assert!(Stopping::new(secs(10.0), Some(secs(5.001))).is_err());
+    }
+
+    /// Renewals every (lease − kill_after) / 4 never bring the local deadline within
+    /// kill_after in normal operation: the deadline counts from the renewal before the last
+    /// (lease − margin − 2 intervals, and each renewal up to an eighth of its interval late
+    /// on the library's grid), with room to spare for a late renewal.
+    #[test]
+    fn normal_renewals_leave_room_beyond_kill_after() {
+        for (lease, kill_after) in [(10.0, None), (3.0, None), (1.0, Some(0.5)), (60.0, None)] {
+            let lease = secs(lease);
+            let s = Stopping::new(lease, kill_after.map(secs)).unwrap();
+            let margin = (lease / 10).min(secs(1.0));
+            let lowest = lease - margin - s.renew_every * 9 / 4;
+            assert!(lowest > s.kill_after, "{lease:?}: {s:?}");
+            assert!(s.renew_every <= lease / 3, "the library's rule");
         }
     }
 }

@@ -493,3 +493,125 @@ fn an_evicting_policy_is_refused_unless_allowed() {
         stderr(&out)
     );
 }
+
+/// Nanoseconds since the Unix epoch (the clock `date +%s%N` reads).
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Redis stops answering (SIGSTOP) longer than the lease, and the command ignores SIGTERM:
+/// with the default --kill-after, the command's whole group is dead before the lease can
+/// run out in Redis (SIGTERM --kill-after before the local deadline, SIGKILL at it), so it
+/// never runs next to the slot's next holder.
+#[test]
+fn a_command_that_ignores_sigterm_is_dead_before_its_slot_can_be_granted_again() {
+    for flavor in test_support::flavors() {
+        let server = Server::start(flavor);
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("first.log");
+        let script = r#"trap '' TERM; echo $$ > "$DIR/sh.pid"; while :; do date +%s%N >> "$DIR/first.log"; sleep 0.05; done"#;
+        let mut first = Background::spawn(
+            redsem(&server)
+                .args(["run", "stop", "--limit", "1", "--lease", "3s"])
+                .args(["--", "sh", "-c", script])
+                .env("DIR", dir.path())
+                .stderr(Stdio::piped()),
+        );
+        let sh = read_pid(&dir.path().join("sh.pid"));
+        std::thread::sleep(Duration::from_millis(1500)); // a few renewals
+
+        let paused = unix_ns();
+        server.pause();
+        let unpause = Instant::now() + Duration::from_secs(4);
+        while !is_dead(sh) && Instant::now() < unpause {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dead_before_resume = is_dead(sh);
+        std::thread::sleep(unpause.saturating_duration_since(Instant::now()));
+        server.resume();
+
+        // the slot's next holder, once Redis answers again
+        let out = run(redsem(&server).args([
+            "run",
+            "stop",
+            "--limit",
+            "1",
+            "--timeout",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            "date +%s%N",
+        ]));
+        assert_eq!(code(&out), 0, "{flavor}: {}", stderr(&out));
+        let second_started: u128 = stdout(&out).trim().parse().unwrap();
+        let (rc, err) = first.finish(Duration::from_secs(20));
+        println!("{flavor}: {err}");
+        assert_eq!(rc, 75, "{flavor}: {err}");
+        assert!(err.contains("SIGTERM") && err.contains("SIGKILL"), "{err}");
+        assert!(
+            dead_before_resume,
+            "{flavor}: still running when Redis resumed: {err}"
+        );
+
+        let text = std::fs::read_to_string(&log).unwrap();
+        let last: u128 = text.lines().filter_map(|l| l.parse().ok()).max().unwrap();
+        // every renewal Redis saw came before the pause: its lease ran out by pause + 3 s
+        assert!(
+            last < paused + 3_000_000_000,
+            "{flavor}: the command wrote {} ms after the pause, beyond the 3 s lease: {err}",
+            (last - paused) / 1_000_000
+        );
+        assert!(
+            last < second_started,
+            "{flavor}: the command ran next to the slot's next holder: {err}"
+        );
+    }
+}
+
+/// A --kill-after the lease cannot accommodate is refused before anything is sent to Redis.
+#[test]
+fn a_kill_after_the_lease_cannot_accommodate_is_refused() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let out = run(redsem(&server)
+        .args([
+            "run",
+            "ka",
+            "--limit",
+            "1",
+            "--kill-after",
+            "10s",
+            "--",
+            "touch",
+        ])
+        .arg(&marker));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--kill-after 10.0s does not fit --lease 10.0s")
+            && err.contains("at most half the lease (5.0s)")
+            && err.contains("--lease 20.0s or more"),
+        "{err}"
+    );
+    assert!(!marker.exists());
+    assert_eq!(server.cmd(&["DBSIZE"]).as_int(), Some(0), "nothing created");
+    // half the lease fits
+    let out = run(redsem(&server).args([
+        "run",
+        "ka",
+        "--limit",
+        "1",
+        "--lease",
+        "2s",
+        "--kill-after",
+        "1s",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
