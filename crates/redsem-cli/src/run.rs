@@ -39,6 +39,12 @@ the lease (default: a quarter of it, at most 10s), and redsem renews every
 (lease - kill-after) / 4. If redsem itself is killed, the command gets SIGTERM (Linux) and
 the permits free within one lease.";
 
+/// How long `run`, once done (the command ended, or it gave up waiting), waits for Redis to
+/// confirm the release of its permits or of its place in the queue before it exits: one
+/// round trip when Redis answers. When Redis does not answer in time, the permits free when
+/// their lease expires.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// The longest `--kill-after` when none is given; the default is a quarter of the lease.
 const DEFAULT_KILL_AFTER_MAX: Duration = Duration::from_secs(10);
 
@@ -232,8 +238,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 }
                 _ => (EXIT_NOT_EXECUTABLE, e.to_string()),
             };
-            let _ = tokio::time::timeout(Duration::from_secs(3), permit.release()).await;
-            shutdown(&client).await;
+            let deadline = Instant::now() + RELEASE_WAIT;
+            let _ = tokio::time::timeout_at(deadline, permit.release()).await;
+            shutdown_by(&client, deadline).await;
             say!(
                 "redsem: cannot run {:?}: {what}; the permits were released",
                 program.to_string_lossy()
@@ -322,23 +329,25 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         return Ok(EXIT_LOST);
     }
     let held = permit.holder_id().to_owned();
-    match tokio::time::timeout(Duration::from_secs(3), permit.release()).await {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    match tokio::time::timeout_at(deadline, permit.release()).await {
         Ok(Ok(())) => {
             if a.verbose {
                 say!("redsem: released {held} of {name:?}");
             }
         }
         Ok(Err(e)) => say!(
-            "redsem: warning: could not release the permits ({}); they free when the lease expires (within {})",
+            "redsem: warning: could not release the permits ({}); they free when their lease expires in Redis (within {})",
             common::describe(&e),
             fmt_dur(a.lease)
         ),
         Err(_) => say!(
-            "redsem: warning: Redis did not confirm the release in time; the permits free when the lease expires (within {})",
+            "redsem: warning: Redis did not confirm the release within {}; the permits free when their lease expires in Redis (within {})",
+            fmt_dur(RELEASE_WAIT),
             fmt_dur(a.lease)
         ),
     }
-    shutdown(&client).await;
+    shutdown_by(&client, deadline).await;
     Ok(exit_code(status))
 }
 
@@ -447,9 +456,15 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
     }
 }
 
-/// Shuts the client down (bounded): every release is done before the process exits.
+/// Shuts the client down, waiting at most [`RELEASE_WAIT`]: every release is done before the
+/// process exits, or left to the leases.
 async fn shutdown(client: &redsem::Client) {
-    let _ = tokio::time::timeout(Duration::from_secs(3), client.shutdown()).await;
+    shutdown_by(client, Instant::now() + RELEASE_WAIT).await;
+}
+
+/// [`shutdown`], waiting until `deadline` at most.
+async fn shutdown_by(client: &redsem::Client, deadline: Instant) {
+    let _ = tokio::time::timeout_at(deadline, client.shutdown()).await;
 }
 
 fn slots_var(permit: &redsem::Permit) -> String {

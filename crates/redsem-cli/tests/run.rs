@@ -615,3 +615,33 @@ fn a_kill_after_the_lease_cannot_accommodate_is_refused() {
     ]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
+
+/// Redis goes away while the command runs: once the command ends, `run` waits about a second
+/// for the release (not the 3 s + 3 s it used to), says that the lease frees the permits, and
+/// exits with the command's status.
+#[test]
+fn with_redis_gone_run_exits_soon_after_the_command() {
+    let mut server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"touch "$DIR/started"; while [ ! -e "$DIR/go" ]; do sleep 0.02; done; exit 3"#;
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args(["run", "gone", "--limit", "1", "--lease", "30s"])
+            .args(["--", "sh", "-c", script])
+            .env("DIR", dir.path())
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the command to start", || {
+        dir.path().join("started").exists()
+    });
+    server.kill();
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let ended = Instant::now();
+    let (rc, err) = r.finish(Duration::from_secs(20));
+    let took = ended.elapsed();
+    println!("exited {took:?} after the command: {err}");
+    assert_eq!(rc, 3, "the command's status: {err}");
+    assert!(err.contains("lease expires"), "{err}");
+    // 1 s for the release, with slack for a loaded machine
+    assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
+}
