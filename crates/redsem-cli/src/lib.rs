@@ -237,6 +237,13 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub kill_after: Option<Duration>,
 
+    /// Give the command the Redis URL redsem connected with (password included) as
+    /// REDSEM_URL, e.g. for a `redsem run` or a fencing check inside it. Without it, REDSEM_URL
+    /// is removed from the command's environment (REDIS_URL, not redsem's own, is left as it
+    /// is).
+    #[arg(long)]
+    pub pass_url: bool,
+
     /// Report waiting, acquisition (slots, fences) and release on stderr.
     #[arg(long, short)]
     pub verbose: bool,

@@ -23,6 +23,8 @@ Environment of the command:
   REDSEM_FENCES  slot:generation fencing tokens, comma-separated (e.g. 0:17,3:4)
   REDSEM_HOLDER  the holder id (as in `redsem stats`, for `redsem release --holder`)
   REDSEM_TICKET  the FIFO ticket number the permits were granted under
+REDSEM_URL (which often holds a password) is removed from it unless --pass-url; the rest of
+redsem's environment, REDIS_URL included, is passed on as it is.
 
 --limit creates the semaphore; an existing one keeps the limit stored in Redis (which
 `redsem limit` changes for everyone), and redsem uses that (with --strict-limit, a different
@@ -227,6 +229,12 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         .env("REDSEM_FENCES", fmt_fences(permit.fences()))
         .env("REDSEM_HOLDER", permit.holder_id())
         .env("REDSEM_TICKET", permit.ticket().to_string());
+    // redsem's own URL often carries a password: the command gets it only when asked
+    if a.pass_url {
+        cmd.env("REDSEM_URL", g.redis_url());
+    } else {
+        cmd.env_remove("REDSEM_URL");
+    }
     die_with_parent(&mut cmd);
     let mut child = match cmd.spawn() {
         Ok(c) => c,

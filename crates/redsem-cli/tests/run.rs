@@ -645,3 +645,44 @@ fn with_redis_gone_run_exits_soon_after_the_command() {
     // 1 s for the release, with slack for a loaded machine
     assert!(took < Duration::from_millis(2500), "{took:?}: {err}");
 }
+
+/// The command does not inherit REDSEM_URL (often with a password) unless --pass-url, which
+/// gives it the URL redsem connected with; REDIS_URL, not redsem's own, is passed on.
+#[test]
+fn the_command_gets_the_redis_url_only_when_asked() {
+    let server = Server::start_with(
+        Flavor::Redis,
+        ServerOptions {
+            password: Some("s3cret".into()),
+            ..Default::default()
+        },
+    );
+    let url = server.url().replace("redis://", "redis://:s3cret@");
+    let show = r#"echo "${REDSEM_URL-unset}|${REDIS_URL-unset}""#;
+    let out = run(redsem_at("redis://generic:6379/")
+        .env("REDSEM_URL", &url)
+        .args(["run", "env", "--limit", "1", "--", "sh", "-c", show]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "unset|redis://generic:6379/");
+
+    let out = run(redsem_at("redis://generic:6379/")
+        .env("REDSEM_URL", &url)
+        .args(["run", "env", "--pass-url", "--", "sh", "-c", show]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), format!("{url}|redis://generic:6379/"));
+
+    // --redis-url: passed on as REDSEM_URL when asked
+    let out = run(redsem_at("redis://generic:6379/").args([
+        "--redis-url",
+        &url,
+        "run",
+        "env",
+        "--pass-url",
+        "--",
+        "sh",
+        "-c",
+        show,
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), format!("{url}|redis://generic:6379/"));
+}
