@@ -191,8 +191,13 @@ pub struct RunArgs {
     )]
     pub allow_evicting_policy: bool,
 
-    /// Permits this command needs at once.
-    #[arg(long, default_value_t = 1, value_name = "K")]
+    /// Permits this command needs at once (at least 1, at most the limit).
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "K",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub permits: u32,
 
     /// Lease of the permits, renewed while the command runs. If redsem dies, the permits

@@ -377,26 +377,40 @@ async fn open(
             .allow_evicting_policy(a.allow_evicting_policy)
             .open()
     };
-    let mut limit = match a.limit {
+    // Read the stored limit (this creates nothing) when there is no --limit, and when the
+    // permits asked for exceed it: the request is checked before the open creates anything.
+    let given = a.limit.filter(|&l| a.permits <= l);
+    let mut limit = match given {
         Some(l) => l,
-        // without --limit, the semaphore must exist: read its limit (this creates nothing)
         None => match client.inspect(name).await {
-            Ok(s) => s.limit,
-            Err(redsem::Error::UnknownSemaphore { .. }) => {
-                return Err(Failure::Other(format!(
-                    "semaphore {name:?} does not exist: give --limit L to create it (`redsem list` shows what exists)"
-                )));
-            }
+            Ok(s) => match a.limit {
+                Some(l) if a.strict_limit && l != s.limit => {
+                    return Err(strict_mismatch(name, l, s.limit));
+                }
+                _ => s.limit,
+            },
+            Err(redsem::Error::UnknownSemaphore { .. }) => match a.limit {
+                Some(l) => l,
+                None => {
+                    return Err(Failure::Other(format!(
+                        "semaphore {name:?} does not exist: give --limit L to create it (`redsem list` shows what exists)"
+                    )));
+                }
+            },
             Err(e) => return Err(e.into()),
         },
     };
+    if a.permits > limit {
+        return Err(Failure::Other(format!(
+            "--permits {} is more than the limit of semaphore {name:?} ({limit}): such a request could never be granted; nothing was queued or created",
+            a.permits
+        )));
+    }
     // the stored limit can change between the read and the open: adopt it (a few times)
     for _ in 0..3 {
         match open(limit).await {
             Err(redsem::Error::LimitConflict { stored, .. }) if a.strict_limit => {
-                return Err(Failure::Other(format!(
-                    "semaphore {name:?} has limit {stored} in Redis, not {limit} (--strict-limit): change it for everyone with `redsem limit {name} {limit}`, or run without --strict-limit to use {stored}"
-                )));
+                return Err(strict_mismatch(name, limit, stored));
             }
             Err(redsem::Error::LimitConflict { stored, .. }) => {
                 if a.verbose {
@@ -410,6 +424,13 @@ async fn open(
         }
     }
     Ok(open(limit).await?)
+}
+
+/// The error of `--strict-limit` when the stored limit is another.
+fn strict_mismatch(name: &str, limit: u32, stored: u32) -> Failure {
+    Failure::Other(format!(
+        "semaphore {name:?} has limit {stored} in Redis, not {limit} (--strict-limit): change it for everyone with `redsem limit {name} {limit}`, or run without --strict-limit to use {stored}"
+    ))
 }
 
 /// The program to execute and its arguments: the command, or `sh -c` and the command's

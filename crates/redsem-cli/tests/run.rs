@@ -686,3 +686,46 @@ fn the_command_gets_the_redis_url_only_when_asked() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), format!("{url}|redis://generic:6379/"));
 }
+
+/// A `run` that cannot be granted (more permits than the limit, or none) fails before it
+/// creates the semaphore: nothing is left in Redis. More permits than --limit are fine when
+/// the semaphore exists with a larger stored limit (unless --strict-limit).
+#[test]
+fn a_run_that_cannot_be_granted_creates_nothing() {
+    let server = Server::start(Flavor::Redis);
+    let out =
+        run(redsem(&server).args(["run", "new", "--limit", "2", "--permits", "3", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--permits 3 is more than the limit of semaphore \"new\" (2)"),
+        "{}",
+        stderr(&out)
+    );
+    let out =
+        run(redsem(&server).args(["run", "new", "--limit", "2", "--permits", "0", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert_eq!(server.cmd(&["DBSIZE"]).as_int(), Some(0), "nothing created");
+
+    // an existing semaphore of limit 4: its stored limit counts
+    let out = run(redsem(&server).args(["run", "big", "--limit", "4", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let three = ["--permits", "3", "--", "sh", "-c", "echo $REDSEM_SLOTS"];
+    let out = run(redsem(&server)
+        .args(["run", "big", "--limit", "2"])
+        .args(three));
+    assert_eq!(
+        (code(&out), stdout(&out).trim()),
+        (0, "0,1,2"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(redsem(&server)
+        .args(["run", "big", "--limit", "2", "--strict-limit"])
+        .args(three));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--strict-limit"), "{}", stderr(&out));
+    let out = run(redsem(&server).args(["run", "big", "--permits", "5", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("(4)"), "{}", stderr(&out));
+    assert_eq!(counts(&server, "big"), Some((0, 0)));
+}
