@@ -89,6 +89,33 @@ impl Client {
         self.existing(&keys, reply)
     }
 
+    /// Changes the limit of the existing semaphore `name` by `delta` (positive or negative)
+    /// for every replica, atomically, like [`Semaphore::add_permits`](crate::Semaphore::add_permits),
+    /// without knowing its current limit: two concurrent changes both count. Returns the new
+    /// limit (the previous one is the new one − `delta`). Never creates the semaphore.
+    ///
+    /// # Cost
+    /// One script call.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the new limit would be below 1 or above
+    /// [`MAX_LIMIT`] (nothing is changed; the message gives the current limit);
+    /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
+    /// [`inspect`](Self::inspect).
+    pub async fn add_permits_existing(&self, name: &str, delta: i64) -> Result<u32, Error> {
+        let keys = Keys::new(&self.inner.prefix, name)?;
+        let mut conn = self.inner.conn.clone();
+        let publish = self.inner.publish;
+        let reply =
+            scripts::add_to_limit_existing(&mut conn, &keys, publish, delta, MAX_LIMIT).await;
+        let (old, new) = self.existing(&keys, reply)?;
+        new.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "semaphore {name:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}"
+            ))
+        })
+    }
+
     /// An operator's release of a holder (or queued waiter) of the existing semaphore `name`
     /// by its id, like [`Semaphore::force_release`](crate::Semaphore::force_release) (the
     /// holder learns it at its next renewal; the slots' next holders carry higher fences).

@@ -214,6 +214,16 @@ impl Client {
             .block_on(self.rt.client.resize_existing(name, new_limit))
     }
 
+    /// [`redsem::Client::add_permits_existing`](crate::Client::add_permits_existing),
+    /// blocking.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn add_permits_existing(&self, name: &str, delta: i64) -> Result<u32, Error> {
+        self.rt
+            .block_on(self.rt.client.add_permits_existing(name, delta))
+    }
+
     /// [`redsem::Client::force_release_existing`](crate::Client::force_release_existing),
     /// blocking.
     ///

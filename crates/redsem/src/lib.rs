@@ -20,6 +20,7 @@
 //! - operator functions on [`Client`] that never create a semaphore:
 //!   [`list_semaphores`](Client::list_semaphores), [`inspect`](Client::inspect),
 //!   [`resize_existing`](Client::resize_existing),
+//!   [`add_permits_existing`](Client::add_permits_existing),
 //!   [`force_release_existing`](Client::force_release_existing).
 //!
 //! # Example

@@ -94,3 +94,41 @@ async fn add_permits_is_an_atomic_relative_change() {
         drop((held, p));
     }
 }
+
+/// `Client::add_permits_existing`: the same atomic change without a handle, which never
+/// creates the semaphore.
+#[tokio::test]
+async fn add_permits_existing_changes_an_existing_limit_and_creates_nothing() {
+    for server in servers() {
+        let admin = client(&server).await;
+        let e = admin.add_permits_existing("nope", 1).await.unwrap_err();
+        assert!(matches!(e, Error::UnknownSemaphore { .. }), "{e:?}");
+        assert_eq!(server.cmd(&["DBSIZE"]).as_int(), Some(0), "nothing created");
+
+        let user = client(&server).await;
+        let sem = open(&user, "add-ex", 2, Duration::from_secs(3)).await;
+        let held = sem.acquire_many(2).await.unwrap();
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "add-ex", "queue")
+                == 1)
+            .await
+        );
+        assert_eq!(admin.add_permits_existing("add-ex", 1).await.unwrap(), 3);
+        let p = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("granted by the growth")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.slots(), [2]);
+        assert_eq!(admin.add_permits_existing("add-ex", -2).await.unwrap(), 1);
+        let e = admin.add_permits_existing("add-ex", -1).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(e.to_string().contains("its limit is 1"), "{e}");
+        assert_eq!(admin.inspect("add-ex").await.unwrap().limit, 1);
+        drop((held, p));
+    }
+}

@@ -34,6 +34,7 @@ fn borrowing_futures_are_send(
     let _ = send(client.list_semaphores());
     let _ = send(client.inspect("name"));
     let _ = send(client.resize_existing("name", 3));
+    let _ = send(client.add_permits_existing("name", 1));
     let _ = send(client.force_release_existing("name", "holder"));
     let _ = send(client.flush_releases());
     let _ = send(sem.acquire());

@@ -505,6 +505,25 @@ pub(crate) async fn resize_existing(
     unless_nil(v, |v| Ok(reply::integer(&v)? as u32))
 }
 
+/// [`add_to_limit`] of an existing semaphore.
+pub(crate) async fn add_to_limit_existing(
+    conn: &mut Conn,
+    keys: &Keys,
+    publish: &'static str,
+    delta: i64,
+    max: u32,
+) -> CallResult<Option<(u32, Option<u32>)>> {
+    let v = RESIZE_EXISTING
+        .run(conn, &existing(keys, publish), |inv| {
+            inv.arg(delta).arg("add").arg(max);
+        })
+        .await?;
+    unless_nil(v, |v| {
+        let (old, new) = reply::pair(&v)?;
+        Ok((old.max(0) as u32, (new > 0).then_some(new as u32)))
+    })
+}
+
 /// A forced [`release`] of `id` in an existing semaphore.
 pub(crate) async fn force_release_existing(
     conn: &mut Conn,
