@@ -147,7 +147,7 @@ enum Command {
     List(ListArgs),
     /// Live view of a semaphore: holders, queue, wait-time trend, alerts.
     Watch(WatchArgs),
-    /// Change the limit of an existing semaphore, live, for every process.
+    /// Change the limit of an existing semaphore (L, or +N/-N), live, for every process.
     Limit(LimitArgs),
     /// Operator's release of a holder (or a queued waiter): it learns it at its next renewal.
     Release(ReleaseArgs),
@@ -351,8 +351,40 @@ pub struct WatchArgs {
 pub struct LimitArgs {
     /// Name of the semaphore.
     pub name: String,
-    /// The new limit.
-    pub limit: u32,
+    /// The new limit (e.g. 4), or a change of the stored limit, applied atomically: +N adds
+    /// N permits, -N takes N away (two concurrent changes both count).
+    #[arg(
+        value_name = "L|+N|-N",
+        value_parser = parse_limit_change,
+        allow_negative_numbers = true
+    )]
+    pub limit: LimitChange,
+}
+
+/// What `redsem limit` does to the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitChange {
+    /// Set it to this value.
+    To(u32),
+    /// Add this (negative: take away), atomically.
+    By(i64),
+}
+
+/// `4` sets the limit, `+2` and `-1` change it.
+fn parse_limit_change(s: &str) -> Result<LimitChange, String> {
+    let bad = || format!("{s:?} is not a limit (e.g. 4) nor a change of it (e.g. +1 or -2)");
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    if let Some(n) = s.strip_prefix('+').filter(|d| digits(d)) {
+        n.parse().map(LimitChange::By).map_err(|_| bad())
+    } else if let Some(n) = s.strip_prefix('-').filter(|d| digits(d)) {
+        n.parse::<i64>()
+            .map(|n| LimitChange::By(-n))
+            .map_err(|_| bad())
+    } else if digits(s) {
+        s.parse().map(LimitChange::To).map_err(|_| bad())
+    } else {
+        Err(bad())
+    }
 }
 
 /// Arguments of `redsem release`.

@@ -401,10 +401,7 @@ async fn open(
         },
     };
     if a.permits > limit {
-        return Err(Failure::Other(format!(
-            "--permits {} is more than the limit of semaphore {name:?} ({limit}): such a request could never be granted; nothing was queued or created",
-            a.permits
-        )));
+        return Err(too_many(name, a.permits, limit));
     }
     // the stored limit can change between the read and the open: adopt it (a few times)
     for _ in 0..3 {
@@ -419,11 +416,22 @@ async fn open(
                     );
                 }
                 limit = stored;
+                if a.permits > limit {
+                    return Err(too_many(name, a.permits, limit));
+                }
             }
             r => return Ok(r?),
         }
     }
     Ok(open(limit).await?)
+}
+
+/// The error of a request for more permits than the limit, found before anything is queued
+/// or created.
+fn too_many(name: &str, permits: u32, limit: u32) -> Failure {
+    Failure::Other(format!(
+        "--permits {permits} is more than semaphore {name:?} has: its limit is {limit}, so the request could never be granted (nothing was queued or created)"
+    ))
 }
 
 /// The error of `--strict-limit` when the stored limit is another.

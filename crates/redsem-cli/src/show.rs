@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use crate::common::{self, Failure, fmt_dur, fmt_fences, table};
-use crate::{DeleteArgs, Global, LimitArgs, ListArgs, ReleaseArgs, StatsArgs};
+use crate::{DeleteArgs, Global, LimitArgs, LimitChange, ListArgs, ReleaseArgs, StatsArgs};
 
 /// Labels are cut to this many bytes in tables (JSON has them whole).
 const LABEL_WIDTH: usize = 60;
@@ -199,18 +199,24 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `redsem limit NAME L`.
+/// `redsem limit NAME L|+N|-N`.
 pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
-    let old = client.resize_existing(&a.name, a.limit).await?;
-    let note = if a.limit < old {
+    let (old, new) = match a.limit {
+        LimitChange::To(new) => (client.resize_existing(&a.name, new).await?, new),
+        LimitChange::By(delta) => {
+            let new = client.add_permits_existing(&a.name, delta).await?;
+            ((i64::from(new) - delta) as u32, new)
+        }
+    };
+    let note = if new < old {
         " (holders above the new limit finish first; nobody is admitted until usage is below it)"
-    } else if a.limit > old {
+    } else if new > old {
         " (waiters admitted at once)"
     } else {
         ""
     };
-    out!("semaphore {:?}: limit {old} -> {}{note}\n", a.name, a.limit);
+    out!("semaphore {:?}: limit {old} -> {new}{note}\n", a.name);
     Ok(0)
 }
 

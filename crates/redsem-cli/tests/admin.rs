@@ -241,6 +241,41 @@ fn limit_resizes_live_and_release_reports_unknown_holders() {
     assert!(stderr(&out).contains("limit is 2"), "{}", stderr(&out));
 }
 
+/// `limit NAME +N` / `-N` change the stored limit by N, atomically (`-N` is a value, not a
+/// flag); a change out of range is refused with the current limit; nothing is created.
+#[test]
+fn limit_takes_relative_changes() {
+    let server = Server::start(Flavor::Redis);
+    let out = run(redsem(&server).args(["run", "rel", "--limit", "2", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem(&server).args(["limit", "rel", "+1"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("limit 2 -> 3"), "{}", stdout(&out));
+    assert_eq!(stats_json(&server, "rel")["limit"], 3);
+    let out = run(redsem(&server).args(["limit", "rel", "-2"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("limit 3 -> 1"), "{}", stdout(&out));
+    let out = run(redsem(&server).args(["limit", "rel", "-3"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("its limit is 1"), "{}", stderr(&out));
+    assert_eq!(stats_json(&server, "rel")["limit"], 1);
+    let out = run(redsem(&server).args(["limit", "rel", "4"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("limit 1 -> 4"), "{}", stdout(&out));
+    for bad in ["+", "1.5", "+-1", "four"] {
+        let out = run(redsem(&server).args(["limit", "rel", bad]));
+        assert_eq!(code(&out), 125, "{bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("+1 or -2"), "{bad}: {}", stderr(&out));
+    }
+    assert_eq!(stats_json(&server, "rel")["limit"], 4);
+    let out = run(redsem(&server).args(["limit", "none", "+1"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{none}:cfg"]).as_int(),
+        Some(0)
+    );
+}
+
 /// `watch` without a terminal prints one block per refresh, with the alerts.
 #[test]
 fn watch_prints_blocks_and_alerts() {

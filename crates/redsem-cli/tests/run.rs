@@ -697,7 +697,7 @@ fn a_run_that_cannot_be_granted_creates_nothing() {
         run(redsem(&server).args(["run", "new", "--limit", "2", "--permits", "3", "--", "true"]));
     assert_eq!(code(&out), 125, "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("--permits 3 is more than the limit of semaphore \"new\" (2)"),
+        stderr(&out).contains("--permits 3 is more than semaphore \"new\" has: its limit is 2"),
         "{}",
         stderr(&out)
     );
@@ -726,6 +726,6 @@ fn a_run_that_cannot_be_granted_creates_nothing() {
     assert!(stderr(&out).contains("--strict-limit"), "{}", stderr(&out));
     let out = run(redsem(&server).args(["run", "big", "--permits", "5", "--", "true"]));
     assert_eq!(code(&out), 125, "{}", stderr(&out));
-    assert!(stderr(&out).contains("(4)"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("its limit is 4"), "{}", stderr(&out));
     assert_eq!(counts(&server, "big"), Some((0, 0)));
 }
