@@ -11,7 +11,7 @@ const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hvals +hgetall +info +pttl \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
-+publish +spublish +scan +cluster|slots +role +wait";
++publish +spublish +scan +select +cluster|slots +role +wait";
 
 fn without(cmd: &str) -> String {
     let drop = format!("+{cmd}");
@@ -29,6 +29,7 @@ fn server() -> Server {
                 format!("user app on >pw {RULE}"),
                 format!("user nopop on >pw {}", without("zpopmin")),
                 format!("user noscan on >pw {}", without("scan")),
+                format!("user noselect on >pw {}", without("select")),
             ],
             password: Some("admin".into()),
             ..Default::default()
@@ -67,6 +68,39 @@ fn every_subcommand_works_as_the_documented_user() {
         server.cmd(&["HGET", "redsem:{acl}:cfg", "limit"]).as_str(),
         Some("3")
     );
+}
+
+/// On a database other than 0 (`redis://user:pw@host/1`: the client sends SELECT), as the
+/// documented user: `run` and the operator commands work there, and not in database 0.
+#[test]
+fn the_documented_user_works_on_another_database() {
+    let server = server();
+    let db1 = |user: &str| {
+        let url = server
+            .url()
+            .replace("redis://", &format!("redis://{user}:pw@"));
+        redsem_at(&format!("{url}1"))
+    };
+    let out = run(db1("app").args(["run", "db1", "--limit", "2", "--", "sh", "-c", "exit 0"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for args in [
+        vec!["stats", "db1"],
+        vec!["list"],
+        vec!["limit", "db1", "+1"],
+        vec!["watch", "db1", "--interval", "100ms", "--iterations", "1"],
+    ] {
+        let out = run(db1("app").args(&args));
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    assert!(stdout(&run(db1("app").args(["list"]))).contains("db1"));
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{db1}:cfg"]).as_int(),
+        Some(0),
+        "not in database 0"
+    );
+    let out = run(db1("noselect").args(["list"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("'select'"), "{}", stderr(&out));
 }
 
 #[test]

@@ -13,7 +13,7 @@ const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hvals +hgetall +info +pttl \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
-+publish +spublish +scan +cluster|slots +role +wait";
++publish +spublish +scan +select +cluster|slots +role +wait";
 
 /// Commands of the rule that only a cluster, Sentinel, synced mode or a dropped handle use:
 /// the standalone scenario below cannot show that each is needed.
@@ -50,6 +50,11 @@ fn url(server: &Server, user: &str) -> String {
     server
         .url()
         .replace("redis://", &format!("redis://{user}:pw@"))
+}
+
+/// [`url`] on database 1: the client then sends SELECT on every connection.
+fn url_db1(server: &Server, user: &str) -> String {
+    format!("{}1", url(server, user))
 }
 
 async fn connect(url: &str) -> Result<Client, Error> {
@@ -110,6 +115,15 @@ async fn the_library_works_as_exactly_the_documented_user() {
         scenario(&url(&server, "app"), "acl-ok")
             .await
             .unwrap_or_else(|e| panic!("{flavor}: {e}"));
+        // a database other than 0
+        scenario(&url_db1(&server, "app"), "acl-db1")
+            .await
+            .unwrap_or_else(|e| panic!("{flavor}, database 1: {e}"));
+        assert_eq!(
+            server.cmd(&["EXISTS", "redsem:{acl-db1}:cfg"]).as_int(),
+            Some(0),
+            "{flavor}: not in database 0"
+        );
         // synced mode's WAIT (no replica here: it fails for lack of replicas, not of rights)
         let client = Client::builder(url(&server, "app"))
             .synced_replicas(1, Duration::from_millis(50))
@@ -149,7 +163,8 @@ async fn every_permission_of_the_rule_is_needed_and_its_absence_is_named() {
             // scripts loaded by an earlier user would hide a missing `script|load`
             server.cmd(&["SCRIPT", "FLUSH"]);
             let name = format!("acl-{i}");
-            let err = match scenario(&url(&server, &format!("no{i}")), &name).await {
+            // on database 1, where the client needs SELECT
+            let err = match scenario(&url_db1(&server, &format!("no{i}")), &name).await {
                 Ok(()) => panic!("{flavor}: a user without {cmd} could do everything"),
                 Err(e) => e,
             };
