@@ -83,6 +83,8 @@ t 'redsem list --json'
 t 'redsem watch licence-server --interval 1s --iterations 2'
 echo "### 4"
 t 'redsem limit licence-server 6'
+t 'redsem limit licence-server -1'
+t 'redsem limit licence-server +1'
 sleep 0.3
 t 'redsem stats licence-server'
 echo "### 5"
@@ -105,6 +107,10 @@ b 'redsem run demo --lease 2s -- sleep 600 & P=$!'
 b 'sleep 1; kill -KILL $P; wait $P 2>/dev/null; sleep 0.2'
 t 'redsem stats demo | head -1; ps -C sleep -o args= | grep -x "sleep 600" || echo "no sleep 600 left: it got SIGTERM when redsem died"'
 t 'sleep 2; redsem stats demo | head -1'
+REDIS_PID="$(cat "$work/redis-$PORT.pid")"
+b 'redsem run stubborn --limit 1 --lease 3s -- sh -c '"'"'trap "" TERM; while :; do sleep 0.1; done'"'"' & P=$!'
+b 'sleep 1; kill -STOP $REDIS_PID; sleep 4; kill -CONT $REDIS_PID; wait $P; echo "redsem run exited with $?"'
+redsem delete stubborn >/dev/null
 echo "### 7"
 b 'redsem run licence-server --label "long job" -- sleep 3 &'
 b 'redsem exporter --listen 127.0.0.1:9721 & EXPORTER=$!'
@@ -121,6 +127,8 @@ t 'redsem stats legacy'
 t 'redsem run legacy --limit 1 -- true'
 t 'redsem --redis-url redis://127.0.0.1:1/ run x --limit 1 -- true'
 t 'redsem limit licence-server 0'
+t 'redsem limit licence-server -9'
+t 'redsem run licence-server --lease 10s --kill-after 10s -- make deploy'
 t 'redsem --redis-url rediss://localhost:$TLS_PORT/ list'
 t 'redsem --redis-url rediss://localhost:$TLS_PORT/ --tls-ca $SSL_CA run tls-demo --limit 1 -- echo hello over TLS'
 t 'REDSEM_TLS_CA=$SSL_CA redsem --redis-url rediss://localhost:$TLS_PORT/ list'
