@@ -56,6 +56,7 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{ForceReleased, Resized};
 use crate::error::Error;
 use crate::options::AcquireOptions;
 use crate::permit::Fence;
@@ -209,7 +210,7 @@ impl Client {
     ///
     /// # Errors
     /// As the async method.
-    pub fn resize_existing(&self, name: &str, new_limit: u32) -> Result<u32, Error> {
+    pub fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
         self.rt
             .block_on(self.rt.client.resize_existing(name, new_limit))
     }
@@ -219,7 +220,11 @@ impl Client {
     ///
     /// # Errors
     /// As the async method.
-    pub fn force_release_existing(&self, name: &str, holder_id: &str) -> Result<bool, Error> {
+    pub fn force_release_existing(
+        &self,
+        name: &str,
+        holder_id: &str,
+    ) -> Result<ForceReleased, Error> {
         self.rt
             .block_on(self.rt.client.force_release_existing(name, holder_id))
     }
@@ -522,7 +527,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As the async method.
-    pub fn resize(&self, new_limit: u32) -> Result<u32, Error> {
+    pub fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
         self.rt.block_on(self.inner.resize(new_limit))
     }
 

@@ -137,6 +137,21 @@ pub enum Error {
         reason: LostReason,
     },
 
+    /// An operator removed this waiter from the queue
+    /// ([`Client::force_release_existing`](crate::Client::force_release_existing),
+    /// [`Semaphore::force_release`](crate::Semaphore::force_release), CLI `redsem release`)
+    /// before it was granted: the acquisition was cancelled on purpose. Nothing is left in
+    /// Redis. Do not simply retry: ask whoever removed it, or acquire again if the work must
+    /// still run.
+    #[error(
+        "semaphore {name:?}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried"
+    )]
+    #[non_exhaustive]
+    RemovedFromQueue {
+        /// The semaphore's name.
+        name: String,
+    },
+
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
     /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
     #[error("semaphore {name:?} was closed (Semaphore::close or Client::shutdown)")]
@@ -333,6 +348,7 @@ impl Error {
             | Error::Timeout { name, .. }
             | Error::LeaseLost { name, .. }
             | Error::Closed { name }
+            | Error::RemovedFromQueue { name }
             | Error::UnknownSemaphore { name, .. }
             | Error::InUse { name, .. }
             | Error::WrongType { name, .. }

@@ -11,9 +11,10 @@
 --   5 slots  hash  slot number -> id of its holder
 --   6 free   zset  free slot numbers below the limit (member = score = slot)
 --   7 own    zset  the entries of each session, all scored 0 (a lexicographic index):
---                  '<session>|<id>' for a live entry, '<session>|!<id>' for an entry removed
---                  by someone else (an operator's release, a rejection) until its session
---                  learns it; '#' marks the index as complete (its loss is detected by it)
+--                  '<session>|<id>' for a live entry; '<session>|!<id>' for an entry an
+--                  operator removed (a forced release) and '<session>|!!<id>' for a waiter
+--                  rejected after a shrink, until its session learns it; '#' marks the index
+--                  as complete (its loss is detected by it)
 -- A session is the liveness of one client handle for one lease length: '<c>~<lease ms>'. A
 -- waiter belongs to the session '<c>~<w>', a holder to '<c>~<l>'. The client renews its
 -- sessions, not its entries; when a session's lease passes, all its entries are reaped.
@@ -182,6 +183,11 @@ local function corrupt(what)
 end
 
 local drop_entry -- (defined below; the reaper in rare() calls it)
+
+-- The marks of a tombstone in the index ('<session>|<mark><id>', see K_OWN): an entry an
+-- operator removed (a forced release), and a waiter rejected because it asked for more
+-- permits than the limit (after a shrink). Ids never start with '!'.
+local TOMB_REMOVED, TOMB_REJECTED = '!', '!!'
 
 local function next_ticket()
   SEQ = SEQ + 1
@@ -408,8 +414,9 @@ local function rare()
 end
 
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
--- `tomb`: removed by someone other than its client (an operator, a rejection), which the
--- client's next renewal of the session learns from the index.
+-- `tomb`: removed by someone other than its client, which the client's next renewal of the
+-- session learns from the index: TOMB_REMOVED (an operator's forced release) or
+-- TOMB_REJECTED (a waiter that asked for more than the limit, after a shrink).
 -- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
 -- an entry without a record lost it, and the slots still mapped to it are freed.)
 drop_entry = function(id, m, limit, tomb)
@@ -417,7 +424,7 @@ drop_entry = function(id, m, limit, tomb)
   if m then
     local sid = sess_of(m)
     redis.call('ZREM', K_OWN, sid .. '|' .. id)
-    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|!' .. id) end
+    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|' .. tomb .. id) end
     if m.s then
       for _, s in ipairs(m.s) do
         redis.call('HDEL', K_SLOTS, s)
@@ -536,7 +543,7 @@ local function pump(now, limit)
       redis.call('ZREM', K_QUEUE, head)
     elseif m.n > limit then
       -- can never be satisfied (the limit shrank below the request): reject it
-      drop_entry(head, m, limit, true)
+      drop_entry(head, m, limit, TOMB_REJECTED)
       out[#out + 1] = { head, m, false }
     elseif used + m.n > limit then
       break
