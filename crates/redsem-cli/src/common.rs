@@ -103,6 +103,9 @@ pub fn describe(e: &redsem::Error) -> String {
         redsem::Error::WrongType { name, .. } => format!(
             "a key of semaphore {name:?} holds a value redsem did not write (WRONGTYPE): another program uses these key names; pick another name or --prefix"
         ),
+        redsem::Error::NotASemaphore { name, detail, .. } => format!(
+            "{name:?} is not a redsem semaphore: {detail}; pick another name or --prefix (or, if that data may go, `redsem delete {name} --force --delete-foreign-data`)"
+        ),
         other => other.to_string(),
     }
 }

@@ -234,10 +234,14 @@ pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `redsem delete NAME [--force]`.
+/// `redsem delete NAME [--force [--delete-foreign-data]]`.
 pub async fn delete(g: &Global, a: DeleteArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
-    let evicted = client.delete_semaphore(&a.name, a.force).await?;
+    let evicted = if a.delete_foreign_data {
+        client.purge_keys(&a.name).await?
+    } else {
+        client.delete_semaphore(&a.name, a.force).await?
+    };
     if evicted > 0 {
         out!(
             "semaphore {:?}: deleted, evicting {evicted} holder(s) and waiter(s); holders learn it at their next renewal\n",

@@ -357,6 +357,48 @@ fn limit_reports_the_requests_a_shrink_rejected() {
     );
 }
 
+/// Another program's hash at a semaphore's `cfg` key: every command says "not a redsem
+/// semaphore" (not "protocol version 1"), `run` does not adopt it, `delete --force` leaves it
+/// alone, and only `delete --force --delete-foreign-data` removes it.
+#[test]
+fn a_foreign_hash_is_not_a_semaphore_and_delete_leaves_it_unless_told() {
+    let server = Server::start(Flavor::Redis);
+    server.cmd(&["HSET", "redsem:{fruit}:cfg", "limit", "banana"]);
+    server.cmd(&["HSET", "redsem:{prefs}:cfg", "theme", "dark"]);
+    for name in ["fruit", "prefs"] {
+        for args in [
+            vec!["stats", name],
+            vec!["limit", name, "3"],
+            vec!["run", name, "--limit", "1", "--", "true"],
+            vec!["delete", name],
+            vec!["delete", name, "--force"],
+        ] {
+            let out = run(redsem(&server).args(&args));
+            let err = stderr(&out);
+            assert_eq!(code(&out), 125, "{args:?}: {err}");
+            assert!(
+                err.contains("is not a redsem semaphore") && !err.contains("protocol version"),
+                "{args:?}: {err}"
+            );
+        }
+        assert_eq!(
+            server
+                .cmd(&["HLEN", &format!("redsem:{{{name}}}:cfg")])
+                .as_int(),
+            Some(1),
+            "{name}: the foreign hash was changed"
+        );
+    }
+    let out = run(redsem(&server).args(["delete", "fruit", "--delete-foreign-data"]));
+    assert_eq!(code(&out), 125, "needs --force: {}", stderr(&out));
+    let out = run(redsem(&server).args(["delete", "fruit", "--force", "--delete-foreign-data"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{fruit}:cfg"]).as_int(),
+        Some(0)
+    );
+}
+
 /// `watch` without a terminal prints one block per refresh, with the alerts.
 #[test]
 fn watch_prints_blocks_and_alerts() {

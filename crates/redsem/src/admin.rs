@@ -129,17 +129,48 @@ impl Client {
     /// protocol version. Returns how many entries (holders and waiters) were evicted: 0
     /// unless forced.
     ///
+    /// A forced delete removes a semaphore whose keys are inconsistent too, but never another
+    /// program's data: when a key under the semaphore's names holds a type redsem does not
+    /// keep there, or its configuration key a hash that is not a redsem configuration, it
+    /// fails with [`Error::NotASemaphore`] and deletes nothing (see
+    /// [`purge_keys`](Self::purge_keys)).
+    ///
     /// # Cost
     /// One script call, O(entries + limit).
     ///
     /// # Errors
     /// [`Error::InUse`] as above; [`Error::UnknownSemaphore`] when it does not exist;
+    /// [`Error::NotASemaphore`] as above (or, without `force`, [`Error::WrongType`]);
     /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
     pub async fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
+        let mode = if force {
+            scripts::DeleteMode::Force
+        } else {
+            scripts::DeleteMode::IfUnused
+        };
+        self.delete_with(name, mode).await
+    }
+
+    /// **Deletes every key a semaphore named `name` would use, whatever it holds, another
+    /// program's data included** — what [`delete_semaphore`](Self::delete_semaphore) with
+    /// `force` refuses to do ([`Error::NotASemaphore`]). Holders and waiters are evicted as
+    /// by a forced delete. Only for an operator who has checked that the data may go (CLI:
+    /// `redsem delete NAME --force --delete-foreign-data`). Returns how many redsem entries
+    /// were evicted (as far as the keys could be read as such).
+    ///
+    /// # Errors
+    /// [`Error::UnknownSemaphore`] when its configuration key does not exist;
+    /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
+    pub async fn purge_keys(&self, name: &str) -> Result<u32, Error> {
+        self.delete_with(name, scripts::DeleteMode::Purge).await
+    }
+
+    async fn delete_with(&self, name: &str, mode: scripts::DeleteMode) -> Result<u32, Error> {
+        let force = !matches!(mode, scripts::DeleteMode::IfUnused);
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::delete_existing(&mut conn, &keys, publish, force).await;
+        let reply = scripts::delete_existing(&mut conn, &keys, publish, mode).await;
         let d = self.existing(&keys, reply)?;
         if !d.deleted {
             return Err(Error::InUse {

@@ -238,6 +238,15 @@ impl Client {
             .block_on(self.rt.client.delete_semaphore(name, force))
     }
 
+    /// [`redsem::Client::purge_keys`](crate::Client::purge_keys), blocking: **deletes
+    /// another program's data too**.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn purge_keys(&self, name: &str) -> Result<u32, Error> {
+        self.rt.block_on(self.rt.client.purge_keys(name))
+    }
+
     /// [`redsem::Client::flush_releases`](crate::Client::flush_releases), blocking: waits
     /// until the releases of dropped permits and abandoned acquires are done. Unbounded if
     /// Redis keeps failing (each release is retried a few times).

@@ -205,6 +205,22 @@ pub enum Error {
         detail: String,
     },
 
+    /// The semaphore's configuration key (`<prefix>:{<name>}:cfg`), or another of its keys,
+    /// holds another program's data: a hash that is not a redsem configuration (a `limit`
+    /// that is not a positive integer, or neither `limit` nor `ver`), or a value of a type
+    /// redsem does not keep there. Nothing was read as a semaphore, adopted or deleted. Use
+    /// another name or key prefix; if the data may go, delete it with
+    /// [`Client::purge_keys`](crate::Client::purge_keys) (CLI:
+    /// `redsem delete NAME --force --delete-foreign-data`).
+    #[error("semaphore {name:?}: not a redsem semaphore: {detail}; use another name or key prefix")]
+    #[non_exhaustive]
+    NotASemaphore {
+        /// The semaphore's name.
+        name: String,
+        /// Which key, and what it holds.
+        detail: String,
+    },
+
     /// The semaphore was created under another, incompatible version of the redsem protocol
     /// (a newer client, or another implementation; see `docs/PROTOCOL.md`), or Redis
     /// answered with a reply or a stored entry redsem cannot read. Nothing was changed. Use
@@ -352,6 +368,7 @@ impl Error {
             | Error::UnknownSemaphore { name, .. }
             | Error::InUse { name, .. }
             | Error::WrongType { name, .. }
+            | Error::NotASemaphore { name, .. }
             | Error::ProtocolMismatch { name, .. }
             | Error::Corrupt { name, .. }
             | Error::EvictingPolicy { name, .. }
@@ -386,6 +403,14 @@ impl Error {
             // Redis appends " script: <sha>, on @user_script:<line>."
             let detail = detail.split(" script: ").next().unwrap_or(detail);
             return Error::ProtocolMismatch {
+                name: name.to_owned(),
+                detail: detail.to_owned(),
+            };
+        }
+        if code == "REDSEM_FOREIGN" {
+            let detail = err.detail().unwrap_or(&text);
+            let detail = detail.split(" script: ").next().unwrap_or(detail);
+            return Error::NotASemaphore {
                 name: name.to_owned(),
                 detail: detail.to_owned(),
             };

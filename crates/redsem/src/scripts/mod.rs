@@ -552,17 +552,31 @@ pub(crate) struct Deletion {
     pub(crate) waiters: u32,
 }
 
-/// Deletes an existing semaphore's keys; refused while it has holders or waiters, unless
-/// `force`.
+/// How [`delete_existing`] deletes.
+#[derive(Clone, Copy)]
+pub(crate) enum DeleteMode {
+    /// Refused while it has holders or waiters.
+    IfUnused,
+    /// Evicting holders and waiters; refused over another program's data.
+    Force,
+    /// Every key, whatever it holds.
+    Purge,
+}
+
+/// Deletes an existing semaphore's keys, as `mode` says.
 pub(crate) async fn delete_existing(
     conn: &mut Conn,
     keys: &Keys,
     publish: &'static str,
-    force: bool,
+    mode: DeleteMode,
 ) -> CallResult<Option<Deletion>> {
     let v = DELETE_EXISTING
         .run(conn, &existing(keys, publish), |inv| {
-            inv.arg(if force { "1" } else { "0" });
+            inv.arg(match mode {
+                DeleteMode::IfUnused => "0",
+                DeleteMode::Force => "1",
+                DeleteMode::Purge => "2",
+            });
         })
         .await?;
     unless_nil(v, |v| {

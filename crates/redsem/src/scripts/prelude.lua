@@ -459,10 +459,35 @@ local function reap(now, limit)
   return rare().reap_sessions(dead, now, limit)
 end
 
+-- Fails, changing nothing, unless the hash at K_CFG, whose `limit` and `ver` fields are
+-- `limit` and `ver` (false when absent), is a redsem configuration: a limit that is a
+-- positive integer and a `ver` (if any) that is one too, or no limit but a `ver` (a
+-- configuration to re-create). Another program's hash under our key name (`limit banana`,
+-- or other fields only) is not adopted, misread as another protocol version, or deleted.
+local function check_ours(limit, ver)
+  local function int(v)
+    local n = tonumber(v)
+    return n ~= nil and n >= 1 and n == math.floor(n)
+  end
+  local why = nil
+  if limit and not int(limit) then
+    why = 'its field limit is ' .. string.format('%q', string.sub(limit, 1, 40))
+  elseif ver and not int(ver) then
+    why = 'its field ver is ' .. string.format('%q', string.sub(ver, 1, 40))
+  elseif not limit and not ver and redis.call('EXISTS', K_CFG) == 1 then
+    why = 'it has neither a limit nor a ver field'
+  end
+  if why then
+    error({ err = 'REDSEM_FOREIGN key ' .. K_CFG .. ' holds a hash that is not a redsem semaphore\'s'
+      .. ' configuration (' .. why .. '): another program uses this key name' })
+  end
+end
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
 -- Every script calls it before its first write.
 local function load_limit()
   local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs')
+  check_ours(cfg[1], cfg[2])
   if cfg[1] then
     if tonumber(cfg[2] or '1') ~= PROTOCOL then
       error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. (cfg[2] or '1')
