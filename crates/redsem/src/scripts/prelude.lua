@@ -154,8 +154,10 @@ end
 -- stays above
 -- every token issued before even when the keys were lost (FLUSHALL, a restart without
 -- persistence, a failover to a lagging replica), as long as Redis's clock has not gone
--- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in
--- Lua's doubles; stored and carried as a decimal string.
+-- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). NOW_US is read once per
+-- call: k grants in one call take k consecutive generations, the last up to k - 1 above the
+-- clock the call read (the lead that bound states). Below 2^53, so exact in Lua's doubles;
+-- stored and carried as a decimal string.
 local function next_generation()
   if not NOW_US then now_ms() end
   GEN = math.max(GEN + 1, NOW_US)
