@@ -93,7 +93,10 @@ impl Semaphore {
     /// # Errors
     /// [`Error::Closed`] after [`close`](Self::close); connection and permission errors as
     /// they come. A ticket lost while waiting (this process paused past the lease, Redis
-    /// restarted) is queued again, at the back, without an error. In synced mode
+    /// restarted) is queued again, at the back, without an error; one an operator removed
+    /// from the queue ([`Client::force_release_existing`](crate::Client::force_release_existing))
+    /// fails with [`Error::RemovedFromQueue`]; one larger than the limit after a shrink, with
+    /// [`Error::TooManyPermits`] naming the current limit. In synced mode
     /// ([`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas)), also
     /// [`Error::NotReplicated`] when too few replicas acknowledged the grant in time (the
     /// permit was released), and [`Error::LeaseLost`] when the grant was gone by the time it
