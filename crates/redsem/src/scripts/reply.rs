@@ -194,19 +194,19 @@ pub(super) fn resize(v: &Value) -> CallResult<ResizeReply> {
     Ok((old, (new > 0).then_some(new as u32), rejected))
 }
 
-/// Two integers: `{a, b}`.
+/// Two integers: `{a, b}` (trailing elements, which a later version may add, are ignored).
 pub(super) fn pair(v: &Value) -> CallResult<(i64, i64)> {
     let items = array(v)?;
-    if items.len() != 2 {
+    if items.len() < 2 {
         return Err(unexpected(v));
     }
     Ok((int(items.first())?, int(items.get(1))?))
 }
 
-/// Three integers: `{a, b, c}`.
+/// Three integers: `{a, b, c}` (trailing elements are ignored, as for [`pair`]).
 pub(super) fn triple(v: &Value) -> CallResult<(i64, i64, i64)> {
     let items = array(v)?;
-    if items.len() != 3 {
+    if items.len() < 3 {
         return Err(unexpected(v));
     }
     Ok((int(items.first())?, int(items.get(1))?, int(items.get(2))?))
