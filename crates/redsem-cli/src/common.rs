@@ -27,6 +27,9 @@ macro_rules! out {
 
 /// The slot was lost while the command ran (sysexits' EX_TEMPFAIL: running again may work).
 pub const EXIT_LOST: u8 = 75;
+/// `run`: an operator removed the waiting request from the queue (`redsem release`); the
+/// command was not run.
+pub const EXIT_REMOVED: u8 = 76;
 /// No permits in time (`run --timeout`, `-n`): the default of `run -E`, as GNU `timeout`.
 pub const EXIT_TIMEOUT: u8 = 124;
 /// redsem's own error, in every subcommand: a bad command line, Redis unreachable,
@@ -45,6 +48,8 @@ Exit status (every subcommand):
   0        success (`run`: the command exited 0)
   1-123    `run`: the command's own exit status
   75       `run`: the slot was lost while the command ran; the command was terminated
+  76       `run`: an operator removed the waiting request from the queue (`redsem release`);
+           the command was not run
   124      `run`: no permits within --timeout (or not free at once with -n); the command was
            not run. -E/--conflict-exit-code N changes it
   125      redsem's own error: bad command line, Redis unreachable, authentication, missing
@@ -97,6 +102,9 @@ pub fn describe(e: &redsem::Error) -> String {
         ),
         redsem::Error::WrongType { name, .. } => format!(
             "a key of semaphore {name:?} holds a value redsem did not write (WRONGTYPE): another program uses these key names; pick another name or --prefix"
+        ),
+        redsem::Error::NotASemaphore { name, detail, .. } => format!(
+            "{name:?} is not a redsem semaphore: {detail}; pick another name or --prefix (or, if that data may go, `redsem delete {name} --force --delete-foreign-data`)"
         ),
         other => other.to_string(),
     }

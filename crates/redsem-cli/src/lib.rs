@@ -404,9 +404,14 @@ pub struct DeleteArgs {
     pub name: String,
     /// Delete even while permits are held or requests queued: holders lose their permits at
     /// their next renewal (a `redsem run` command is then terminated, exit 75), waiters queue
-    /// again (re-creating the semaphore, with their own limit).
+    /// again (re-creating the semaphore, with their own limit). Refused when a key under the
+    /// semaphore's names holds another program's data ("not a redsem semaphore").
     #[arg(long)]
     pub force: bool,
+    /// With --force: delete every key under the semaphore's names even when it holds
+    /// another program's data (a foreign `cfg` hash, a key of another type). Check first.
+    #[arg(long, requires = "force")]
+    pub delete_foreign_data: bool,
 }
 
 /// Arguments of `redsem exporter`.

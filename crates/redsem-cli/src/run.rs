@@ -11,7 +11,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::common::{
-    self, EXIT_ERROR, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, Failure, fmt_dur, fmt_fences,
+    self, EXIT_ERROR, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_REMOVED, Failure,
+    fmt_dur, fmt_fences,
 };
 use crate::{Global, RunArgs};
 
@@ -206,6 +207,14 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
                 a.permits
             );
             return Ok(a.conflict_exit_code);
+        }
+        Err(redsem::Error::RemovedFromQueue { .. }) => {
+            shutdown(&client).await;
+            say!(
+                "redsem: an operator removed this request for {} permit(s) of semaphore {name:?} from the queue (`redsem release`); the command was not run",
+                a.permits
+            );
+            return Ok(EXIT_REMOVED);
         }
         Err(e) => {
             shutdown(&client).await;

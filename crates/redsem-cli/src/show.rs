@@ -202,13 +202,11 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
 /// `redsem limit NAME L|+N|-N`.
 pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
-    let (old, new) = match a.limit {
-        LimitChange::To(new) => (client.resize_existing(&a.name, new).await?, new),
-        LimitChange::By(delta) => {
-            let new = client.add_permits_existing(&a.name, delta).await?;
-            ((i64::from(new) - delta) as u32, new)
-        }
+    let resized = match a.limit {
+        LimitChange::To(new) => client.resize_existing(&a.name, new).await?,
+        LimitChange::By(delta) => client.add_permits_existing(&a.name, delta).await?,
     };
+    let (old, new) = (resized.previous, resized.limit);
     let note = if new < old {
         " (holders above the new limit finish first; nobody is admitted until usage is below it)"
     } else if new > old {
@@ -217,13 +215,36 @@ pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
         ""
     };
     out!("semaphore {:?}: limit {old} -> {new}{note}\n", a.name);
+    if !resized.rejected.is_empty() {
+        out!(
+            "rejected {} queued request(s) larger than the new limit (their acquires fail, naming limit {}):\n",
+            resized.rejected.len(),
+            new
+        );
+        let rows: Vec<Vec<String>> = resized
+            .rejected
+            .iter()
+            .map(|w| {
+                vec![
+                    w.id.clone(),
+                    w.permits.to_string(),
+                    common::truncate(&w.label, LABEL_WIDTH),
+                ]
+            })
+            .collect();
+        out!("{}", table(&["ID", "PERMITS", "LABEL"], &rows));
+    }
     Ok(0)
 }
 
-/// `redsem delete NAME [--force]`.
+/// `redsem delete NAME [--force [--delete-foreign-data]]`.
 pub async fn delete(g: &Global, a: DeleteArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
-    let evicted = client.delete_semaphore(&a.name, a.force).await?;
+    let evicted = if a.delete_foreign_data {
+        client.purge_keys(&a.name).await?
+    } else {
+        client.delete_semaphore(&a.name, a.force).await?
+    };
     if evicted > 0 {
         out!(
             "semaphore {:?}: deleted, evicting {evicted} holder(s) and waiter(s); holders learn it at their next renewal\n",
@@ -235,37 +256,47 @@ pub async fn delete(g: &Global, a: DeleteArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `redsem release NAME --holder ID`.
+/// `redsem release NAME --holder ID`: releases a holder, or removes a waiter from the queue.
 pub async fn release(g: &Global, a: ReleaseArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;
-    // best effort: say what is being released
+    // best effort: say what is being released (what the release found decides the message)
     let before = client.inspect(&a.name).await?;
-    let what = if let Some(h) = before.holders.iter().find(|h| h.id == a.holder) {
-        format!(
-            "holder {} ({}, slot:fence {}, held {})",
-            h.id,
-            h.label,
-            fmt_fences(&h.fences),
-            fmt_dur(h.held)
-        )
-    } else if let Some(w) = before.waiters.iter().find(|w| w.id == a.holder) {
-        format!(
-            "waiter {} ({}, queue position {})",
-            w.id, w.label, w.position
-        )
-    } else {
-        format!("holder {}", a.holder)
-    };
-    if client.force_release_existing(&a.name, &a.holder).await? {
-        out!(
-            "semaphore {:?}: released {what}; it learns so at its next renewal, and its slots' next holders get higher fences\n",
-            a.name
-        );
-        Ok(0)
-    } else {
-        Err(Failure::Other(format!(
+    match client.force_release_existing(&a.name, &a.holder).await? {
+        redsem::ForceReleased::Holder => {
+            let what = match before.holders.iter().find(|h| h.id == a.holder) {
+                Some(h) => format!(
+                    "holder {} ({}, slot:fence {}, held {})",
+                    h.id,
+                    h.label,
+                    fmt_fences(&h.fences),
+                    fmt_dur(h.held)
+                ),
+                None => format!("holder {}", a.holder),
+            };
+            out!(
+                "semaphore {:?}: released {what}; it learns so at its next renewal, and its slots' next holders get higher fences\n",
+                a.name
+            );
+            Ok(0)
+        }
+        redsem::ForceReleased::Waiter => {
+            let what = match before.waiters.iter().find(|w| w.id == a.holder) {
+                Some(w) => format!(
+                    "waiter {} ({}, queue position {})",
+                    w.id, w.label, w.position
+                ),
+                None => format!("waiter {}", a.holder),
+            };
+            out!(
+                "semaphore {:?}: removed {what} from the queue; it was not granted, and its acquire fails (`redsem run` exits {})\n",
+                a.name,
+                common::EXIT_REMOVED
+            );
+            Ok(0)
+        }
+        _ => Err(Failure::Other(format!(
             "semaphore {:?} has no holder or waiter {:?} (it may have finished; `redsem stats {}` lists them)",
             a.name, a.holder, a.name
-        )))
+        ))),
     }
 }

@@ -276,6 +276,164 @@ fn limit_takes_relative_changes() {
     );
 }
 
+/// `release` of a queued waiter removes it from the queue, and says so; the waiter's `run`
+/// does not run its command, says why, and exits 76 (not queue again silently). `release` of
+/// a holder says it released a holder.
+#[test]
+fn release_of_a_waiter_removes_it_and_its_run_exits_76() {
+    let server = Server::start(Flavor::Redis);
+    let _holder = Background::spawn(redsem(&server).args([
+        "run",
+        "cancel",
+        "--limit",
+        "1",
+        "--label",
+        "the holder",
+        "--",
+        "sleep",
+        "60",
+    ]));
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "cancel") == Some((1, 0))
+    });
+    let mut waiter = Background::spawn(
+        redsem(&server)
+            .args([
+                "run",
+                "cancel",
+                "--limit",
+                "1",
+                "--label",
+                "the waiter",
+                "--",
+                "true",
+            ])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the waiter", || {
+        counts(&server, "cancel") == Some((1, 1))
+    });
+    let s = stats_json(&server, "cancel");
+    let waiter_id = s["waiters"][0]["id"].as_str().unwrap().to_owned();
+    let holder_id = s["holders"][0]["id"].as_str().unwrap().to_owned();
+    let out = run(redsem(&server).args(["release", "cancel", "--holder", &waiter_id]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "removed waiter {waiter_id} (the waiter, queue position 0) from the queue"
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let (code_w, err) = waiter.finish(Duration::from_secs(10));
+    assert_eq!(code_w, 76, "{err}");
+    assert!(
+        err.contains("an operator removed this request") && err.contains("the command was not run"),
+        "{err}"
+    );
+    assert_eq!(
+        counts(&server, "cancel"),
+        Some((1, 0)),
+        "nobody queued again"
+    );
+    let out = run(redsem(&server).args(["release", "cancel", "--holder", &holder_id]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("released holder {holder_id} (the holder,")),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// `limit` that shrinks below a queued request says which requests it rejected, and the
+/// waiter's `run` names the limit as it is now.
+#[test]
+fn limit_reports_the_requests_a_shrink_rejected() {
+    let server = Server::start(Flavor::Redis);
+    let _holder = Background::spawn(
+        redsem(&server).args(["run", "narrow", "--limit", "2", "--", "sleep", "60"]),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "narrow") == Some((1, 0))
+    });
+    let mut waiter = Background::spawn(
+        redsem(&server)
+            .args([
+                "run",
+                "narrow",
+                "--limit",
+                "2",
+                "--permits",
+                "2",
+                "--label",
+                "two seats",
+                "--",
+                "true",
+            ])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the waiter", || {
+        counts(&server, "narrow") == Some((1, 1))
+    });
+    let out = run(redsem(&server).args(["limit", "narrow", "1"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("limit 2 -> 1"), "{text}");
+    assert!(
+        text.contains("rejected 1 queued request(s) larger than the new limit")
+            && text.contains("two seats"),
+        "{text}"
+    );
+    let (code_w, err) = waiter.finish(Duration::from_secs(10));
+    assert_eq!(code_w, 125, "{err}");
+    assert!(
+        err.contains("requested 2 permits at once, but the limit is 1"),
+        "{err}"
+    );
+}
+
+/// Another program's hash at a semaphore's `cfg` key: every command says "not a redsem
+/// semaphore" (not "protocol version 1"), `run` does not adopt it, `delete --force` leaves it
+/// alone, and only `delete --force --delete-foreign-data` removes it.
+#[test]
+fn a_foreign_hash_is_not_a_semaphore_and_delete_leaves_it_unless_told() {
+    let server = Server::start(Flavor::Redis);
+    server.cmd(&["HSET", "redsem:{fruit}:cfg", "limit", "banana"]);
+    server.cmd(&["HSET", "redsem:{prefs}:cfg", "theme", "dark"]);
+    for name in ["fruit", "prefs"] {
+        for args in [
+            vec!["stats", name],
+            vec!["limit", name, "3"],
+            vec!["run", name, "--limit", "1", "--", "true"],
+            vec!["delete", name],
+            vec!["delete", name, "--force"],
+        ] {
+            let out = run(redsem(&server).args(&args));
+            let err = stderr(&out);
+            assert_eq!(code(&out), 125, "{args:?}: {err}");
+            assert!(
+                err.contains("is not a redsem semaphore") && !err.contains("protocol version"),
+                "{args:?}: {err}"
+            );
+        }
+        assert_eq!(
+            server
+                .cmd(&["HLEN", &format!("redsem:{{{name}}}:cfg")])
+                .as_int(),
+            Some(1),
+            "{name}: the foreign hash was changed"
+        );
+    }
+    let out = run(redsem(&server).args(["delete", "fruit", "--delete-foreign-data"]));
+    assert_eq!(code(&out), 125, "needs --force: {}", stderr(&out));
+    let out = run(redsem(&server).args(["delete", "fruit", "--force", "--delete-foreign-data"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        server.cmd(&["EXISTS", "redsem:{fruit}:cfg"]).as_int(),
+        Some(0)
+    );
+}
+
 /// `watch` without a terminal prints one block per refresh, with the alerts.
 #[test]
 fn watch_prints_blocks_and_alerts() {

@@ -70,13 +70,14 @@ impl Client {
 
     /// Changes the limit of the existing semaphore `name` for every replica, live, like
     /// [`Semaphore::resize`](crate::Semaphore::resize), without knowing its current limit.
-    /// Returns the previous limit. Never creates the semaphore.
+    /// Returns the previous limit and the queued requests it rejected (larger than the new
+    /// limit). Never creates the semaphore.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`];
     /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
     /// [`inspect`](Self::inspect).
-    pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<u32, Error> {
+    pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
         if new_limit == 0 || new_limit > MAX_LIMIT {
             return Err(Error::InvalidArgument(format!(
                 "limit must be between 1 and {MAX_LIMIT}, not {new_limit}"
@@ -86,13 +87,14 @@ impl Client {
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
         let reply = scripts::resize_existing(&mut conn, &keys, publish, new_limit).await;
-        self.existing(&keys, reply)
+        Ok(Resized::from_reply(self.existing(&keys, reply)?, new_limit))
     }
 
     /// Changes the limit of the existing semaphore `name` by `delta` (positive or negative)
     /// for every replica, atomically, like [`Semaphore::add_permits`](crate::Semaphore::add_permits),
-    /// without knowing its current limit: two concurrent changes both count. Returns the new
-    /// limit (the previous one is the new one − `delta`). Never creates the semaphore.
+    /// without knowing its current limit: two concurrent changes both count. Returns the
+    /// previous and the new limit and, when it shrank, the queued requests it rejected
+    /// (larger than the new limit). Never creates the semaphore.
     ///
     /// # Cost
     /// One script call.
@@ -102,34 +104,36 @@ impl Client {
     /// [`MAX_LIMIT`] (nothing is changed; the message gives the current limit);
     /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
     /// [`inspect`](Self::inspect).
-    pub async fn add_permits_existing(&self, name: &str, delta: i64) -> Result<u32, Error> {
+    pub async fn add_permits_existing(&self, name: &str, delta: i64) -> Result<Resized, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
         let reply =
             scripts::add_to_limit_existing(&mut conn, &keys, publish, delta, MAX_LIMIT).await;
-        let (old, new) = self.existing(&keys, reply)?;
-        new.ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "semaphore {name:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}"
-            ))
-        })
+        Resized::from_added(self.existing(&keys, reply)?, name, delta)
     }
 
-    /// An operator's release of a holder (or queued waiter) of the existing semaphore `name`
-    /// by its id, like [`Semaphore::force_release`](crate::Semaphore::force_release) (the
-    /// holder learns it at its next renewal; the slots' next holders carry higher fences).
-    /// Returns whether the entry existed. Never creates the semaphore.
+    /// An operator's release of a holder, or removal of a queued waiter, of the existing
+    /// semaphore `name` by its id (as [`inspect`](Self::inspect) lists them), like
+    /// [`Semaphore::force_release`](crate::Semaphore::force_release): a holder's slots go to
+    /// the queue at once, the holder learns it at its next renewal and the slots' next
+    /// holders carry higher fences; a waiter leaves the queue, and its acquire fails with
+    /// [`Error::RemovedFromQueue`] (told at once, or at its next renewal if the message is
+    /// lost). Returns which it was. Never creates the semaphore. One script call.
     ///
     /// # Errors
     /// [`Error::UnknownSemaphore`] when the semaphore does not exist; otherwise as
     /// [`inspect`](Self::inspect).
-    pub async fn force_release_existing(&self, name: &str, holder_id: &str) -> Result<bool, Error> {
+    pub async fn force_release_existing(
+        &self,
+        name: &str,
+        holder_id: &str,
+    ) -> Result<ForceReleased, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
         let reply = scripts::force_release_existing(&mut conn, &keys, publish, holder_id).await;
-        Ok(self.existing(&keys, reply)? > 0)
+        Ok(ForceReleased::from_counts(self.existing(&keys, reply)?))
     }
 
     /// Deletes the semaphore `name`: every key of it in Redis (configuration, queue, leases,
@@ -148,17 +152,48 @@ impl Client {
     /// protocol version. Returns how many entries (holders and waiters) were evicted: 0
     /// unless forced.
     ///
+    /// A forced delete removes a semaphore whose keys are inconsistent too, but never another
+    /// program's data: when a key under the semaphore's names holds a type redsem does not
+    /// keep there, or its configuration key a hash that is not a redsem configuration, it
+    /// fails with [`Error::NotASemaphore`] and deletes nothing (see
+    /// [`purge_keys`](Self::purge_keys)).
+    ///
     /// # Cost
     /// One script call, O(entries + limit).
     ///
     /// # Errors
     /// [`Error::InUse`] as above; [`Error::UnknownSemaphore`] when it does not exist;
+    /// [`Error::NotASemaphore`] as above (or, without `force`, [`Error::WrongType`]);
     /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
     pub async fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
+        let mode = if force {
+            scripts::DeleteMode::Force
+        } else {
+            scripts::DeleteMode::IfUnused
+        };
+        self.delete_with(name, mode).await
+    }
+
+    /// **Deletes every key a semaphore named `name` would use, whatever it holds, another
+    /// program's data included** — what [`delete_semaphore`](Self::delete_semaphore) with
+    /// `force` refuses to do ([`Error::NotASemaphore`]). Holders and waiters are evicted as
+    /// by a forced delete. Only for an operator who has checked that the data may go (CLI:
+    /// `redsem delete NAME --force --delete-foreign-data`). Returns how many redsem entries
+    /// were evicted (as far as the keys could be read as such).
+    ///
+    /// # Errors
+    /// [`Error::UnknownSemaphore`] when its configuration key does not exist;
+    /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
+    pub async fn purge_keys(&self, name: &str) -> Result<u32, Error> {
+        self.delete_with(name, scripts::DeleteMode::Purge).await
+    }
+
+    async fn delete_with(&self, name: &str, mode: scripts::DeleteMode) -> Result<u32, Error> {
+        let force = !matches!(mode, scripts::DeleteMode::IfUnused);
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::delete_existing(&mut conn, &keys, publish, force).await;
+        let reply = scripts::delete_existing(&mut conn, &keys, publish, mode).await;
         let d = self.existing(&keys, reply)?;
         if !d.deleted {
             return Err(Error::InUse {
@@ -199,6 +234,94 @@ impl Client {
                 prefix: self.inner.prefix.clone(),
             }),
         }
+    }
+}
+
+/// What a change of the limit did ([`Semaphore::resize`](crate::Semaphore::resize),
+/// [`Client::resize_existing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resized {
+    /// The limit before the change.
+    pub previous: u32,
+    /// The limit now.
+    pub limit: u32,
+    /// The queued requests the change rejected, in queue order: each asked for more permits
+    /// than the new limit, so it could never be granted. Their acquires fail with
+    /// [`Error::TooManyPermits`], which names the new limit. Empty unless the limit shrank.
+    pub rejected: Vec<RejectedWaiter>,
+}
+
+impl Resized {
+    pub(crate) fn from_reply(reply: scripts::ResizeReply, new_limit: u32) -> Resized {
+        let (previous, limit, rejected) = reply;
+        Resized {
+            previous,
+            limit: limit.unwrap_or(new_limit),
+            rejected: rejected
+                .into_iter()
+                .map(|(id, permits, label)| RejectedWaiter { id, permits, label })
+                .collect(),
+        }
+    }
+
+    /// The reply of a relative change (`add`) by `delta`; an error when it was refused
+    /// (nothing changed).
+    pub(crate) fn from_added(
+        reply: scripts::ResizeReply,
+        name: &str,
+        delta: i64,
+    ) -> Result<Resized, Error> {
+        let (old, new, _) = &reply;
+        let Some(new) = *new else {
+            return Err(Error::InvalidArgument(format!(
+                "semaphore {name:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}"
+            )));
+        };
+        Ok(Resized::from_reply(reply, new))
+    }
+}
+
+/// A queued request that a shrink of the limit rejected (see [`Resized::rejected`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RejectedWaiter {
+    /// Its id, as [`Stats::waiters`](crate::Stats::waiters) showed it.
+    pub id: String,
+    /// The permits it asked for.
+    pub permits: u32,
+    /// Its label (host:pid by default).
+    pub label: String,
+}
+
+/// What an operator's forced release found ([`Client::force_release_existing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ForceReleased {
+    /// A holder: its permits were released (it learns it at its next renewal).
+    Holder,
+    /// A queued waiter: it was removed from the queue (its acquire fails with
+    /// [`Error::RemovedFromQueue`]).
+    Waiter,
+    /// No entry with that id (it finished, expired, or never existed): nothing changed.
+    NotFound,
+}
+
+impl ForceReleased {
+    /// `(holders, waiters)` removed by the script.
+    pub(crate) fn from_counts((holders, waiters): (u64, u64)) -> ForceReleased {
+        if waiters > 0 {
+            ForceReleased::Waiter
+        } else if holders > 0 {
+            ForceReleased::Holder
+        } else {
+            ForceReleased::NotFound
+        }
+    }
+
+    /// Whether an entry existed (and was removed).
+    pub fn existed(self) -> bool {
+        self != ForceReleased::NotFound
     }
 }
 

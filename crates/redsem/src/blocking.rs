@@ -56,6 +56,7 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{ForceReleased, Resized};
 use crate::error::Error;
 use crate::options::AcquireOptions;
 use crate::permit::Fence;
@@ -209,7 +210,7 @@ impl Client {
     ///
     /// # Errors
     /// As the async method.
-    pub fn resize_existing(&self, name: &str, new_limit: u32) -> Result<u32, Error> {
+    pub fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
         self.rt
             .block_on(self.rt.client.resize_existing(name, new_limit))
     }
@@ -219,7 +220,7 @@ impl Client {
     ///
     /// # Errors
     /// As the async method.
-    pub fn add_permits_existing(&self, name: &str, delta: i64) -> Result<u32, Error> {
+    pub fn add_permits_existing(&self, name: &str, delta: i64) -> Result<Resized, Error> {
         self.rt
             .block_on(self.rt.client.add_permits_existing(name, delta))
     }
@@ -229,7 +230,11 @@ impl Client {
     ///
     /// # Errors
     /// As the async method.
-    pub fn force_release_existing(&self, name: &str, holder_id: &str) -> Result<bool, Error> {
+    pub fn force_release_existing(
+        &self,
+        name: &str,
+        holder_id: &str,
+    ) -> Result<ForceReleased, Error> {
         self.rt
             .block_on(self.rt.client.force_release_existing(name, holder_id))
     }
@@ -241,6 +246,15 @@ impl Client {
     pub fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
         self.rt
             .block_on(self.rt.client.delete_semaphore(name, force))
+    }
+
+    /// [`redsem::Client::purge_keys`](crate::Client::purge_keys), blocking: **deletes
+    /// another program's data too**.
+    ///
+    /// # Errors
+    /// As the async method.
+    pub fn purge_keys(&self, name: &str) -> Result<u32, Error> {
+        self.rt.block_on(self.rt.client.purge_keys(name))
     }
 
     /// [`redsem::Client::flush_releases`](crate::Client::flush_releases), blocking: waits
@@ -532,7 +546,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As the async method.
-    pub fn resize(&self, new_limit: u32) -> Result<u32, Error> {
+    pub fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
         self.rt.block_on(self.inner.resize(new_limit))
     }
 
@@ -540,7 +554,7 @@ impl Semaphore {
     ///
     /// # Errors
     /// As the async method.
-    pub fn add_permits(&self, delta: i64) -> Result<u32, Error> {
+    pub fn add_permits(&self, delta: i64) -> Result<Resized, Error> {
         self.rt.block_on(self.inner.add_permits(delta))
     }
 

@@ -137,6 +137,21 @@ pub enum Error {
         reason: LostReason,
     },
 
+    /// An operator removed this waiter from the queue
+    /// ([`Client::force_release_existing`](crate::Client::force_release_existing),
+    /// [`Semaphore::force_release`](crate::Semaphore::force_release), CLI `redsem release`)
+    /// before it was granted: the acquisition was cancelled on purpose. Nothing is left in
+    /// Redis. Do not simply retry: ask whoever removed it, or acquire again if the work must
+    /// still run.
+    #[error(
+        "semaphore {name:?}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried"
+    )]
+    #[non_exhaustive]
+    RemovedFromQueue {
+        /// The semaphore's name.
+        name: String,
+    },
+
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
     /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
     #[error("semaphore {name:?} was closed (Semaphore::close or Client::shutdown)")]
@@ -187,6 +202,22 @@ pub enum Error {
         /// The semaphore's name.
         name: String,
         /// What Redis said.
+        detail: String,
+    },
+
+    /// The semaphore's configuration key (`<prefix>:{<name>}:cfg`), or another of its keys,
+    /// holds another program's data: a hash that is not a redsem configuration (a `limit`
+    /// that is not a positive integer, or neither `limit` nor `ver`), or a value of a type
+    /// redsem does not keep there. Nothing was read as a semaphore, adopted or deleted. Use
+    /// another name or key prefix; if the data may go, delete it with
+    /// [`Client::purge_keys`](crate::Client::purge_keys) (CLI:
+    /// `redsem delete NAME --force --delete-foreign-data`).
+    #[error("semaphore {name:?}: not a redsem semaphore: {detail}; use another name or key prefix")]
+    #[non_exhaustive]
+    NotASemaphore {
+        /// The semaphore's name.
+        name: String,
+        /// Which key, and what it holds.
         detail: String,
     },
 
@@ -333,9 +364,11 @@ impl Error {
             | Error::Timeout { name, .. }
             | Error::LeaseLost { name, .. }
             | Error::Closed { name }
+            | Error::RemovedFromQueue { name }
             | Error::UnknownSemaphore { name, .. }
             | Error::InUse { name, .. }
             | Error::WrongType { name, .. }
+            | Error::NotASemaphore { name, .. }
             | Error::ProtocolMismatch { name, .. }
             | Error::Corrupt { name, .. }
             | Error::EvictingPolicy { name, .. }
@@ -370,6 +403,14 @@ impl Error {
             // Redis appends " script: <sha>, on @user_script:<line>."
             let detail = detail.split(" script: ").next().unwrap_or(detail);
             return Error::ProtocolMismatch {
+                name: name.to_owned(),
+                detail: detail.to_owned(),
+            };
+        }
+        if code == "REDSEM_FOREIGN" {
+            let detail = err.detail().unwrap_or(&text);
+            let detail = detail.split(" script: ").next().unwrap_or(detail);
+            return Error::NotASemaphore {
                 name: name.to_owned(),
                 detail: detail.to_owned(),
             };

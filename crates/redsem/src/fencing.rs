@@ -15,8 +15,11 @@
 //! also go up across a loss of the semaphore's data (`FLUSHALL`, a restart without
 //! persistence, a failover to a replica that missed the last grants), as long as Redis's clock
 //! has not gone back past the earlier grant — with NTP-synchronised hosts, a step back of more
-//! than the time between the loss and the next grant. Under that assumption tokens are also
-//! unique per slot: an equal token is the same grant writing again.
+//! than the time between the loss and the next grant. (One script call that makes `k` grants,
+//! a batch or a pump after a resize, gives them `k` consecutive generations, so the last runs
+//! up to `k - 1` µs ahead of Redis's clock: at most 0.1 s at the largest limit; see
+//! docs/PROTOCOL.md, "Fencing tokens".) Under that assumption tokens are also unique per slot:
+//! an equal token is the same grant writing again.
 //!
 //! [`Semaphore::force_release`](crate::Semaphore::force_release) does not fence at once: the
 //! evicted holder learns of the eviction at its next renewal (within one renewal interval);

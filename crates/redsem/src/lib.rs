@@ -128,6 +128,7 @@ mod keys;
 pub mod metrics;
 
 #[doc(hidden)]
+pub use admin::{ForceReleased, RejectedWaiter, Resized};
 pub use backend::redact_url;
 pub use builder::SemaphoreBuilder;
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};

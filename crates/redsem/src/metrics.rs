@@ -13,7 +13,7 @@
 //! | name | type | extra labels | what |
 //! |---|---|---|---|
 //! | `redsem_acquire_wait_seconds` | histogram | | from the call to `acquire*`/`try_acquire*` to the grant (granted acquisitions only) |
-//! | `redsem_acquire_failures_total` | counter | `reason` = `timeout`, `no_permits`, `closed`, `too_many_permits`, `invalid_argument`, `error` | acquisitions that returned an error |
+//! | `redsem_acquire_failures_total` | counter | `reason` = `timeout`, `no_permits`, `closed`, `too_many_permits`, `removed_from_queue`, `invalid_argument`, `error` | acquisitions that returned an error |
 //! | `redsem_grants_total` | counter | | acquisitions granted to this process: one per [`Permit`](crate::Permit), whatever its number of permits (an `acquire_many(3)` counts 1), like [`Stats::grants_total`](crate::Stats::grants_total) server-wide |
 //! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
 //! | `redsem_renewals_total` | counter | | renewals of a handle that reached Redis (one per heartbeat, whatever the number of leases; the renewals of several handles may share one call) |
@@ -141,6 +141,7 @@ mod imp {
             Error::NoPermits { .. } => "no_permits",
             Error::Closed { .. } => "closed",
             Error::TooManyPermits { .. } => "too_many_permits",
+            Error::RemovedFromQueue { .. } => "removed_from_queue",
             Error::InvalidArgument(_) => "invalid_argument",
             _ => "error",
         };

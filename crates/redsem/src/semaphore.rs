@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admin::{ForceReleased, Resized};
 use crate::engine::Handle;
 use crate::error::Error;
 use crate::options::AcquireOptions;
@@ -92,7 +93,10 @@ impl Semaphore {
     /// # Errors
     /// [`Error::Closed`] after [`close`](Self::close); connection and permission errors as
     /// they come. A ticket lost while waiting (this process paused past the lease, Redis
-    /// restarted) is queued again, at the back, without an error. In synced mode
+    /// restarted) is queued again, at the back, without an error; one an operator removed
+    /// from the queue ([`Client::force_release_existing`](crate::Client::force_release_existing))
+    /// fails with [`Error::RemovedFromQueue`]; one larger than the limit after a shrink, with
+    /// [`Error::TooManyPermits`] naming the current limit. In synced mode
     /// ([`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas)), also
     /// [`Error::NotReplicated`] when too few replicas acknowledged the grant in time (the
     /// permit was released), and [`Error::LeaseLost`] when the grant was gone by the time it
@@ -255,25 +259,26 @@ impl Semaphore {
 
     /// Changes the limit for every replica, live. Growing admits waiters at once; shrinking
     /// lets holders finish and admits nobody until the permits in use are below the new
-    /// limit (queued requests larger than the new limit fail with
-    /// [`Error::TooManyPermits`]). Returns the previous limit.
+    /// limit (queued requests larger than the new limit, anywhere in the queue, are removed
+    /// at once, and their acquires fail with [`Error::TooManyPermits`] naming the new limit).
+    /// Returns the previous limit and the requests it rejected.
     ///
     /// Processes that open the semaphore later must pass the new limit.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`]; connection errors.
-    pub async fn resize(&self, new_limit: u32) -> Result<u32, Error> {
+    pub async fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
         if new_limit == 0 || new_limit > MAX_LIMIT {
             return Err(Error::InvalidArgument(format!(
                 "limit must be between 1 and {MAX_LIMIT}, not {new_limit}"
             )));
         }
         let mut conn = self.handle.ctx.conn.clone();
-        let old = scripts::resize(&mut conn, &self.handle.remote.target(), new_limit)
+        let reply = scripts::resize(&mut conn, &self.handle.remote.target(), new_limit)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(new_limit);
-        Ok(old)
+        Ok(Resized::from_reply(reply, new_limit))
     }
 
     /// Changes the limit by `delta` (positive or negative) for every replica, atomically:
@@ -281,7 +286,8 @@ impl Semaphore {
     /// would overwrite each other. Like tokio's `add_permits` (and `forget_permits` for a
     /// negative `delta`), but the change is to the stored limit, shared by every process.
     /// Growing admits waiters at once; shrinking lets holders finish first (as
-    /// [`resize`](Self::resize)). Returns the new limit.
+    /// [`resize`](Self::resize)). Returns the previous and the new limit and the queued
+    /// requests a shrink rejected, as [`resize`](Self::resize) does.
     ///
     /// # Cost
     /// One script call.
@@ -290,41 +296,35 @@ impl Semaphore {
     /// [`Error::InvalidArgument`] when the new limit would be below 1 or above
     /// [`MAX_LIMIT`] (nothing is changed; the message gives the current limit);
     /// connection and permission errors.
-    pub async fn add_permits(&self, delta: i64) -> Result<u32, Error> {
+    pub async fn add_permits(&self, delta: i64) -> Result<Resized, Error> {
         let mut conn = self.handle.ctx.conn.clone();
-        let (old, new) =
+        let reply =
             scripts::add_to_limit(&mut conn, &self.handle.remote.target(), delta, MAX_LIMIT)
                 .await
                 .map_err(|e| Error::from_call(e, self.name()))?;
-        self.handle.remote.set_limit(new.unwrap_or(old));
-        new.ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "semaphore {:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}",
-                self.name()
-            ))
-        })
+        self.handle.remote.set_limit(reply.1.unwrap_or(reply.0));
+        Resized::from_added(reply, self.name(), delta)
     }
 
-    /// An operator's release of another holder's permit (or of a queued ticket) by its
-    /// holder id, as shown by [`stats`](Self::stats). Its slots go to the queue at once; the
-    /// evicted holder learns it at its next renewal (within one renewal interval), and the
-    /// next grant of each slot carries a higher fence, so a protected resource rejects the
-    /// evicted holder once the slot's next holder has used it (see [`crate::fencing`]).
-    /// Returns whether the entry existed.
+    /// An operator's release of another holder's permit (or removal of a queued waiter) by
+    /// its holder id, as shown by [`stats`](Self::stats). A holder's slots go to the queue at
+    /// once; the evicted holder learns it at its next renewal (within one renewal interval),
+    /// and the next grant of each slot carries a higher fence, so a protected resource
+    /// rejects the evicted holder once the slot's next holder has used it (see
+    /// [`crate::fencing`]). A removed waiter's acquire fails with
+    /// [`Error::RemovedFromQueue`]. Returns whether the entry existed
+    /// ([`Client::force_release_existing`](crate::Client::force_release_existing) says
+    /// which it was).
     ///
     /// # Errors
     /// Connection and permission errors.
     pub async fn force_release(&self, holder_id: &str) -> Result<bool, Error> {
         let mut conn = self.handle.ctx.conn.clone();
-        let n = scripts::release(
-            &mut conn,
-            &self.handle.remote.target(),
-            &scripts::Removal::of(&[holder_id]),
-            true,
-        )
-        .await
-        .map_err(|e| Error::from_call(e, self.name()))?;
-        Ok(n > 0)
+        let counts =
+            scripts::force_release(&mut conn, &self.handle.remote.target(), false, holder_id)
+                .await
+                .map_err(|e| Error::from_call(e, self.name()))?;
+        Ok(counts.is_some_and(|c| ForceReleased::from_counts(c).existed()))
     }
 
     /// Closes this handle and its clones in this process, like

@@ -238,14 +238,14 @@ async fn resize_grows_at_once_and_shrinks_as_holders_leave() {
                 == 1)
             .await
         );
-        assert_eq!(sem.resize(2).await.unwrap(), 1);
+        assert_eq!(sem.resize(2).await.unwrap().previous, 1);
         let b = tokio::time::timeout(Duration::from_secs(2), waiter)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(b.slots(), vec![1]);
         // shrink to 1 while two hold: nobody is admitted until both are gone... then one
-        assert_eq!(sem.resize(1).await.unwrap(), 2);
+        assert_eq!(sem.resize(1).await.unwrap().previous, 2);
         let stats = sem.stats().await.unwrap();
         assert_eq!((stats.limit, stats.in_use, stats.available), (1, 2, 0));
         drop(b);
@@ -336,7 +336,7 @@ async fn a_limit_raised_by_another_process_counts_at_once() {
         let b = client(&server).await;
         let sem_a = open(&a, "grown", 4, Duration::from_secs(10)).await;
         let sem_b = open(&b, "grown", 4, Duration::from_secs(10)).await;
-        assert_eq!(sem_b.resize(8).await.unwrap(), 4);
+        assert_eq!(sem_b.resize(8).await.unwrap().previous, 4);
         // `a` last saw 4: its request for 6 goes to Redis, which knows 8
         let p = sem_a.acquire_many(6).await.unwrap();
         assert_eq!(p.slots(), [0, 1, 2, 3, 4, 5], "{}", server.flavor());
@@ -355,5 +355,83 @@ async fn a_limit_raised_by_another_process_counts_at_once() {
             8,
             "the refusal's reply carries the stored limit"
         );
+    }
+}
+
+/// An operator shrinks the limit under queued requests: every one larger than the new limit
+/// is rejected at once, wherever it waits in the queue (not only at the head); the resize
+/// reports them; their acquires fail naming the limit as it is now, not the one their handle
+/// saw last; requests that still fit keep their places.
+#[tokio::test]
+async fn a_shrink_rejects_the_larger_requests_and_says_which() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "shrunk", 3, LEASE).await;
+        let full = sem.acquire_many(3).await.unwrap();
+        let small = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "shrunk", "queue")
+                == 1)
+            .await
+        );
+        let big = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire_many(3).await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "shrunk", "queue")
+                == 2)
+            .await
+        );
+        let big_id = match server.cmd(&["ZRANGE", "redsem:{shrunk}:queue", "1", "1"]) {
+            Reply::Array(a) => a[0].as_str().unwrap().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        // another process resizes: this handle still believes the limit is 3
+        let operator = common::client(&server).await;
+        let resized = operator.resize_existing("shrunk", 2).await.unwrap();
+        assert_eq!(
+            (resized.previous, resized.limit),
+            (3, 2),
+            "{}",
+            server.flavor()
+        );
+        assert_eq!(
+            resized.rejected.len(),
+            1,
+            "{}: {resized:?}",
+            server.flavor()
+        );
+        assert_eq!(resized.rejected[0].id, big_id);
+        assert_eq!(resized.rejected[0].permits, 3);
+        match tokio::time::timeout(Duration::from_secs(5), big)
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Err(redsem::Error::TooManyPermits {
+                requested: 3,
+                limit: 2,
+                ..
+            }) => {}
+            other => panic!("{}: {other:?}", server.flavor()),
+        }
+        // the request that fits waits on, and is served once usage is below the limit
+        assert_eq!(card(&server, "shrunk", "queue"), 1, "{}", server.flavor());
+        drop(full);
+        let p = tokio::time::timeout(Duration::from_secs(5), small)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        drop(p);
+        // a growth rejects nobody
+        let grown = operator.resize_existing("shrunk", 4).await.unwrap();
+        assert!(grown.rejected.is_empty());
+        client.shutdown().await;
+        assert_nothing_left(&server, "shrunk").await;
     }
 }

@@ -169,6 +169,75 @@ async fn a_key_holding_another_type_is_a_wrong_type_error() {
 
 const KEYS: [&str; 7] = ["cfg", "queue", "exp", "meta", "slots", "free", "own"];
 
+/// Another program's hash at a semaphore's configuration key is "not a redsem semaphore": not
+/// misread as protocol version 1 (`limit banana`), not adopted (other fields), and not
+/// deleted by a forced delete; only `purge_keys` removes it. A configuration of protocol 1
+/// (a numeric limit, no `ver`) is still reported as that version.
+#[tokio::test]
+async fn a_foreign_hash_at_cfg_is_not_a_semaphore_and_is_left_alone() {
+    for server in servers() {
+        let client = client(&server).await;
+        let cases: [(&str, &[&str]); 3] = [
+            ("banana", &["limit", "banana"]),
+            ("other-fields", &["owner", "billing", "color", "blue"]),
+            ("bad-ver", &["limit", "3", "ver", "x"]),
+        ];
+        for (name, fields) in cases {
+            let key = format!("redsem:{{{name}}}:cfg");
+            let mut cmd = vec!["HSET", key.as_str()];
+            cmd.extend_from_slice(fields);
+            server.cmd(&cmd);
+            let before = format!("{:?}", server.cmd(&["HGETALL", &key]));
+            let not_ours = |r: Result<(), Error>, what: &str| match r {
+                Err(Error::NotASemaphore { detail, .. }) => {
+                    assert!(detail.contains(&key), "{name} {what}: {detail}")
+                }
+                other => panic!("{} {name} {what}: {other:?}", server.flavor()),
+            };
+            not_ours(client.semaphore(name, 2).open().await.map(drop), "open");
+            not_ours(client.inspect(name).await.map(drop), "inspect");
+            not_ours(client.resize_existing(name, 4).await.map(drop), "limit");
+            not_ours(
+                client.delete_semaphore(name, false).await.map(drop),
+                "delete",
+            );
+            not_ours(
+                client.delete_semaphore(name, true).await.map(drop),
+                "delete --force",
+            );
+            assert_eq!(
+                before,
+                format!("{:?}", server.cmd(&["HGETALL", &key])),
+                "{} {name}: the foreign hash was changed",
+                server.flavor()
+            );
+            assert_eq!(
+                dbsize_of(&server, name),
+                1,
+                "{name}: nothing was created beside it"
+            );
+            client.purge_keys(name).await.unwrap();
+            assert_eq!(server.cmd(&["EXISTS", &key]).as_int(), Some(0));
+        }
+        // protocol 1 wrote a numeric limit and no version: still told apart
+        server.cmd(&["HSET", "redsem:{v1}:cfg", "limit", "3"]);
+        match client.semaphore("v1", 3).open().await {
+            Err(Error::ProtocolMismatch { detail, .. }) => {
+                assert!(detail.contains("version 1"), "{detail}")
+            }
+            other => panic!("{}: {other:?}", server.flavor()),
+        }
+    }
+}
+
+/// Keys of the semaphore `name` in the database.
+fn dbsize_of(server: &Server, name: &str) -> usize {
+    match server.cmd(&["KEYS", &format!("redsem:{{{name}}}:*")]) {
+        Reply::Array(a) => a.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A key replaced by a foreign type behind an open semaphore's back fails the next script
 /// before it writes anything: no slot popped, no ticket taken, no entry left half-made, no
 /// slot freed. Every key, with an acquisition and with a release.
@@ -217,8 +286,22 @@ async fn a_script_that_fails_on_a_foreign_key_writes_nothing() {
                 other => panic!("{} {suffix}: {other:?}", server.flavor()),
             }
             held.detach();
-            // the operator's way out: a forced delete removes it whatever its keys hold
-            client.delete_semaphore(&name, true).await.unwrap();
+            // a forced delete does not remove another program's data...
+            let before = dump_all();
+            let err = client.delete_semaphore(&name, true).await.unwrap_err();
+            assert!(
+                matches!(err, Error::NotASemaphore { .. }),
+                "{} {suffix}: {err:?}",
+                server.flavor()
+            );
+            assert_eq!(
+                before,
+                dump_all(),
+                "{} {suffix}: the refused delete deleted",
+                server.flavor()
+            );
+            // ...the operator's explicit way out does, whatever the keys hold
+            client.purge_keys(&name).await.unwrap();
             assert_eq!(server.cmd(&["EXISTS", &key]).as_int(), Some(0), "{suffix}");
         }
     }

@@ -115,7 +115,14 @@ async fn many_semaphores_spread_over_the_shards_keep_their_limits_at_once() {
         assert_eq!(listed.len(), names.len(), "{flavor}: {listed:?}");
         let st = client.inspect("spread-7").await.unwrap();
         assert_eq!(st.grants_total, 20);
-        assert_eq!(client.resize_existing("spread-7", 3).await.unwrap(), 2);
+        assert_eq!(
+            client
+                .resize_existing("spread-7", 3)
+                .await
+                .unwrap()
+                .previous,
+            2
+        );
     }
 }
 

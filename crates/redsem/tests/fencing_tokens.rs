@@ -255,3 +255,86 @@ async fn tokens_are_unique_per_slot_and_rise_in_grant_order() {
         assert_eq!(per_slot.len(), 3);
     }
 }
+
+/// The bound that does hold for several grants in one script call (a pump after a resize or
+/// a large release, a batch of acquisitions): they take consecutive generations from
+/// `max(previous + 1, T)`, `T` the call's Redis TIME in µs, so the generation runs ahead of
+/// the clock the call read by up to the number of grants minus one — not "never, with one
+/// script call per grant". Checked with the grant time each record stores (`a`, the call's
+/// TIME in ms): every generation of the call is in `[T, T + k - 1]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_grants_in_one_call_run_ahead_of_its_clock_by_at_most_their_number() {
+    // more than the microseconds of a millisecond: the last generation is then past the
+    // millisecond of the call's clock whatever its microseconds were
+    const K: usize = 1500;
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "burst", 1, LEASE).await;
+        let first = sem.acquire().await.unwrap();
+        let waiters: Vec<_> = (0..K)
+            .map(|_| {
+                let sem = sem.clone();
+                tokio::spawn(async move { sem.acquire().await.unwrap() })
+            })
+            .collect();
+        assert!(
+            eventually(Duration::from_secs(60), || card(&server, "burst", "queue")
+                == K as i64)
+            .await
+        );
+        // one resize.lua call grants all of them (its pump)
+        let operator = common::client(&server).await;
+        operator
+            .resize_existing("burst", K as u32 + 1)
+            .await
+            .unwrap();
+        let mut permits = vec![];
+        for w in waiters {
+            permits.push(w.await.unwrap());
+        }
+        let records = match server.cmd(&["HVALS", "redsem:{burst}:meta"]) {
+            Reply::Array(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let mut granted: Vec<(u64, u64)> = records
+            .iter()
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_str(r.as_str().unwrap()).unwrap();
+                let g: u64 = v["f"][0].as_str().unwrap().parse().unwrap();
+                (g, v["a"].as_u64().unwrap())
+            })
+            .filter(|(g, _)| *g != first.fences()[0].generation)
+            .collect();
+        granted.sort();
+        assert_eq!(granted.len(), K, "{}", server.flavor());
+        let gens: Vec<u64> = granted.iter().map(|g| g.0).collect();
+        assert!(
+            gens.windows(2).all(|w| w[1] == w[0] + 1),
+            "{}: one call's grants take consecutive generations: {gens:?}",
+            server.flavor()
+        );
+        let call_ms = granted[0].1;
+        assert!(
+            granted.iter().all(|g| g.1 == call_ms),
+            "one call, one clock"
+        );
+        let (lo, hi) = (gens[0], gens[K - 1]);
+        // T is in [call_ms * 1000, call_ms * 1000 + 999]; the first generation is T (the
+        // previous one, the first holder's, is older than the call's clock)
+        assert!(
+            lo >= call_ms * 1000 && lo <= call_ms * 1000 + 999,
+            "{lo} vs {call_ms}"
+        );
+        assert_eq!(hi - lo, K as u64 - 1);
+        assert!(
+            hi < call_ms * 1000 + 1000 + K as u64 - 1,
+            "the bound: T + k - 1"
+        );
+        assert!(
+            hi > call_ms * 1000 + 999,
+            "{}: the last generation ({hi}) is ahead of the call's clock ({call_ms} ms)",
+            server.flavor()
+        );
+        drop((first, permits));
+    }
+}

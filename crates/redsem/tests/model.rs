@@ -575,7 +575,22 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     model.free.retain(|s| s < limit);
                 }
                 model.limit = *limit;
-                model.settle();
+                // a shrink rejects every queued request above the new limit, wherever it
+                // waits, then pumps (one message per client for both)
+                for id in std::mem::take(&mut model.expired) {
+                    model.drop_entry(&id);
+                }
+                let mut out = vec![];
+                if *limit < old {
+                    for id in model.queue.clone() {
+                        if model.entries[&id].n > *limit {
+                            model.drop_entry(&id);
+                            out.push((id, false));
+                        }
+                    }
+                }
+                out.extend(model.pump());
+                model.publish(&out, None);
                 (Reply::Limit(old), got)
             }
         };

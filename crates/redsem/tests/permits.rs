@@ -61,7 +61,7 @@ async fn add_permits_is_an_atomic_relative_change() {
             "{}",
             server.flavor()
         );
-        assert_eq!(sems[1].add_permits(-50).await.unwrap(), 4);
+        assert_eq!(sems[1].add_permits(-50).await.unwrap().limit, 4);
         assert_eq!(sems[1].limit(), 4);
         // out of range: refused, nothing changed, the message gives the limit
         let e = sems[0].add_permits(-4).await.unwrap_err();
@@ -84,7 +84,7 @@ async fn add_permits_is_an_atomic_relative_change() {
                 == 1)
             .await
         );
-        assert_eq!(sems[0].add_permits(1).await.unwrap(), 5);
+        assert_eq!(sems[0].add_permits(1).await.unwrap().limit, 5);
         let p = tokio::time::timeout(Duration::from_secs(2), waiter)
             .await
             .expect("granted by the growth")
@@ -117,14 +117,14 @@ async fn add_permits_existing_changes_an_existing_limit_and_creates_nothing() {
                 == 1)
             .await
         );
-        assert_eq!(admin.add_permits_existing("add-ex", 1).await.unwrap(), 3);
+        assert_eq!(admin.add_permits_existing("add-ex", 1).await.unwrap().limit, 3);
         let p = tokio::time::timeout(Duration::from_secs(2), waiter)
             .await
             .expect("granted by the growth")
             .unwrap()
             .unwrap();
         assert_eq!(p.slots(), [2]);
-        assert_eq!(admin.add_permits_existing("add-ex", -2).await.unwrap(), 1);
+        assert_eq!(admin.add_permits_existing("add-ex", -2).await.unwrap().limit, 1);
         let e = admin.add_permits_existing("add-ex", -1).await.unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
         assert!(e.to_string().contains("its limit is 1"), "{e}");

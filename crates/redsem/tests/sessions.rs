@@ -1,7 +1,7 @@
 //! Session leases: a client handle renews its sessions, not its entries. What a renewal costs
 //! Redis does not grow with the number of waiting tasks; an entry lives as long as its
 //! session, except a detached one; a closed handle ends its sessions; an entry an operator
-//! removes is reported to its owner by the next renewal.
+//! removes is reported to its owner (at once, and by the next renewal if the message is lost).
 
 mod common;
 
@@ -150,16 +150,26 @@ async fn a_closed_handle_ends_its_sessions() {
     }
 }
 
-/// An operator removes a queued waiter: its owner learns it from the next renewal of its
-/// session (no per-waiter check, no notification needed) and queues again, at the back.
+/// The one waiter in the queue of semaphore `name`.
+fn queued_id(server: &Server, name: &str) -> String {
+    match server.cmd(&["ZRANGE", &format!("redsem:{{{name}}}:queue"), "0", "0"]) {
+        Reply::Array(a) if a.len() == 1 => a[0].as_str().unwrap().to_owned(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An operator removes a queued waiter (`force_release_existing`, CLI `redsem release`): it
+/// leaves the queue for good, its acquire fails with `RemovedFromQueue` at once (the message
+/// on its channel), it does not queue again, and the operator is told it was a waiter.
 #[tokio::test]
-async fn a_waiter_removed_by_an_operator_queues_again() {
+async fn a_waiter_removed_by_an_operator_fails_and_does_not_queue_again() {
     for server in servers() {
         let client = client(&server).await;
         let sem = client
             .semaphore("removed-waiter", 1)
-            .lease(Duration::from_millis(900))
-            .renew_every(Duration::from_millis(200))
+            // a renewal interval far longer than the test: the message tells the waiter
+            .lease(Duration::from_secs(60))
+            .fallback_poll(Duration::from_secs(60))
             .open()
             .await
             .unwrap();
@@ -176,38 +186,99 @@ async fn a_waiter_removed_by_an_operator_queues_again() {
             ) == 1)
             .await
         );
-        let queued = match server.cmd(&["ZRANGE", "redsem:{removed-waiter}:queue", "0", "0"]) {
-            Reply::Array(a) => a[0].as_str().unwrap().to_owned(),
-            other => panic!("{other:?}"),
-        };
+        let queued = queued_id(&server, "removed-waiter");
         let admin = common::client(&server).await;
-        assert!(
+        assert_eq!(
             admin
                 .force_release_existing("removed-waiter", &queued)
                 .await
-                .unwrap()
+                .unwrap(),
+            redsem::ForceReleased::Waiter
         );
-        // queued again under a new id
+        let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the removed waiter's acquire did not end")
+            .unwrap();
         assert!(
-            eventually(Duration::from_secs(5), || {
-                matches!(
-                    server.cmd(&["ZRANGE", "redsem:{removed-waiter}:queue", "0", "0"]),
-                    Reply::Array(a) if a.len() == 1 && a[0].as_str() != Some(queued.as_str())
-                )
-            })
-            .await,
-            "{}: the waiter did not queue again",
+            matches!(r, Err(redsem::Error::RemovedFromQueue { ref name, .. }) if name == "removed-waiter"),
+            "{}: {r:?}",
             server.flavor()
         );
-        held.release().await.unwrap();
-        let p = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        drop(p);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            card(&server, "removed-waiter", "queue"),
+            0,
+            "{}: the removed waiter queued again",
+            server.flavor()
+        );
+        // a holder is reported as one
+        assert_eq!(
+            admin
+                .force_release_existing("removed-waiter", held.holder_id())
+                .await
+                .unwrap(),
+            redsem::ForceReleased::Holder
+        );
+        assert_eq!(
+            admin
+                .force_release_existing("removed-waiter", held.holder_id())
+                .await
+                .unwrap(),
+            redsem::ForceReleased::NotFound
+        );
+        drop(held);
         client.shutdown().await;
         assert_nothing_left(&server, "removed-waiter").await;
+    }
+}
+
+/// A waiter removed by an operator whose message never arrived (here: removed as an
+/// operator's release of before the message existed does it, leaving only the tombstone in
+/// the session index) learns it from the next renewal of its session, and fails the same way.
+#[tokio::test]
+async fn a_removed_waiter_whose_message_was_lost_learns_it_at_its_next_renewal() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = client
+            .semaphore("removed-quietly", 1)
+            .lease(Duration::from_millis(900))
+            .renew_every(Duration::from_millis(200))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let waiting = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "removed-quietly",
+                "queue"
+            ) == 1)
+            .await
+        );
+        let queued = queued_id(&server, "removed-quietly");
+        let session = session_of(&server, "removed-quietly", &queued);
+        let key = |s: &str| format!("redsem:{{removed-quietly}}:{s}");
+        server.cmd(&["ZREM", &key("queue"), &queued]);
+        server.cmd(&["HDEL", &key("meta"), &queued]);
+        server.cmd(&["ZREM", &key("own"), &format!("{session}|{queued}")]);
+        server.cmd(&["ZADD", &key("own"), "0", &format!("{session}|!{queued}")]);
+        let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the removed waiter's acquire did not end")
+            .unwrap();
+        assert!(
+            matches!(r, Err(redsem::Error::RemovedFromQueue { .. })),
+            "{}: {r:?}",
+            server.flavor()
+        );
+        assert_eq!(card(&server, "removed-quietly", "queue"), 0);
+        drop(held);
+        client.shutdown().await;
+        assert_nothing_left(&server, "removed-quietly").await;
     }
 }
 

@@ -635,7 +635,7 @@ async fn force_release(shared: &Shared, name: &str, holder: &str) -> String {
         return "error".into();
     };
     match client.force_release_existing(name, holder).await {
-        Ok(existed) => existed.to_string(),
+        Ok(found) => found.existed().to_string(),
         Err(_) => "error".into(),
     }
 }

@@ -6,7 +6,8 @@
 //! 3. the request goes through the batching task ([`batch`](super::batch)) to
 //!    `acquire.lua`: granted, queued, no capacity (try), or too many;
 //! 4. a queued waiter waits for its [`Outcome`]: delivered by a notification (the notifier),
-//!    the heartbeat's fallback poll, or [`Handle::close`];
+//!    the heartbeat's fallback poll, or [`Handle::close`]; one rejected after a shrink asks
+//!    again (to learn the current limit), one an operator removed fails;
 //! 5. a grant that arrives after the waiter's lease could have ended is given back and the
 //!    request queued again; otherwise it becomes a [`Held`] entry (wrapped into a `Permit`
 //!    by the public layer), confirmed on replicas first in synced mode.
@@ -282,12 +283,19 @@ impl Handle {
                         lease_use,
                     ));
                 }
+                // The limit shrank below the request, and Redis removed it: ask again, and
+                // Redis answers with the limit as it is now (or queues it at the back, if
+                // the limit grew back meanwhile).
                 Ok(Outcome::Rejected) => {
+                    tracing::info!(semaphore = %self.name(), "rejected after a shrink of the limit; asking again");
                     pending.disarm();
-                    return Err(Error::TooManyPermits {
+                    continue;
+                }
+                // An operator removed it from the queue (its entry is gone in Redis).
+                Ok(Outcome::Removed) => {
+                    pending.disarm();
+                    return Err(Error::RemovedFromQueue {
                         name: self.name().to_owned(),
-                        requested: n,
-                        limit: self.limit(),
                     });
                 }
                 // armed: dropping `pending` removes the entry from Redis

@@ -59,6 +59,8 @@ impl Listener for Handle {
                     self.table.deliver(&id, Outcome::Granted(Box::new(grant)))
                 }
                 Notice::Rejected { id } => self.table.deliver(&id, Outcome::Rejected),
+                // (a holder an operator removed learns it at its next renewal)
+                Notice::Removed { id } => self.table.deliver(&id, Outcome::Removed),
             }
         }
     }

@@ -50,7 +50,7 @@ use super::remote::Remote;
 use super::renewer::{Grid, Renewer};
 use super::table::{Entries, Outcome, Table};
 use crate::error::{CallError, LostReason};
-use crate::scripts::{self, Conn, EntryState, Session};
+use crate::scripts::{self, Conn, EntryState, RemovedBy, Session};
 
 /// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
 /// [`RETRY_MAX`] (and never beyond one renewal interval).
@@ -457,6 +457,24 @@ async fn renew_call(
             if replicated && waiters_kept {
                 hb.table.lock().waiters_renewed(sent, now);
             }
+            // Removed by someone else: holders are lost; a waiter an operator removed fails,
+            // a rejected one asks again (Redis answers with the current limit), and one
+            // removed for a reason not given queues again. First: a waiter checked below
+            // finds its entry gone too, which alone would queue it again.
+            for (id, by) in &renewal.removed {
+                let holder = hb.table.lock().holders.get(id.as_str()).cloned();
+                match holder {
+                    Some(lease) => lose(hb, id, &lease, LostReason::NotHolder),
+                    None => hb.table.deliver(
+                        id,
+                        match by {
+                            RemovedBy::Operator => Outcome::Removed,
+                            RemovedBy::Rejected => Outcome::Rejected,
+                            RemovedBy::Unknown => Outcome::Lost,
+                        },
+                    ),
+                }
+            }
             let (h_states, w_states) = renewal.states.split_at(holders.len());
             for ((id, lease), state) in holders.iter().zip(h_states) {
                 match state {
@@ -478,15 +496,6 @@ async fn renew_call(
                         .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
                     EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
                     EntryState::Waiting => {}
-                }
-            }
-            // removed by an operator or rejected: waiters queue again (or learn that they
-            // can never be granted), holders are lost
-            for id in &renewal.removed {
-                let holder = hb.table.lock().holders.get(id.as_str()).cloned();
-                match holder {
-                    Some(lease) => lose(hb, id, &lease, LostReason::NotHolder),
-                    None => hb.table.deliver(id, Outcome::Lost),
                 }
             }
             Call {

@@ -22,8 +22,11 @@ pub(crate) enum Outcome {
     /// Granted. Boxed: every waiter's channel has room for one outcome, and few are grants
     /// at once. The lease of the new holder is in the table's holders.
     Granted(Box<Grant>),
-    /// The request can never be satisfied (the limit shrank below it).
+    /// The request can never be satisfied (the limit shrank below it): it asks again, and
+    /// Redis answers with the current limit.
     Rejected,
+    /// An operator removed the waiter from the queue (a forced release).
+    Removed,
     /// The ticket vanished from Redis (expired while this process was paused, or data loss).
     Lost,
     /// The handle was closed ([`Semaphore::close`](crate::Semaphore::close)).

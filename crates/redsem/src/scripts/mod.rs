@@ -22,7 +22,8 @@ use crate::error::{CallError, CallResult};
 use crate::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
 pub(crate) use reply::{
-    AcquireReply, EntryState, Grant, Notice, Opened, Renewal, StatsReply, parse_notices,
+    AcquireReply, EntryState, Grant, Notice, Opened, RemovedBy, Renewal, ResizeReply, StatsReply,
+    parse_notices,
 };
 
 const PRELUDE: &str = include_str!("prelude.lua");
@@ -434,31 +435,34 @@ pub(crate) async fn maxmemory_policy(
     }))
 }
 
-/// Changes the stored limit by `delta` atomically; returns `(previous, new)`, or `None` (and
-/// no change) when the new limit would be outside `1..=max`.
+/// Changes the stored limit by `delta` atomically; returns the previous limit, the new one
+/// (`None`, and no change, when it would be outside `1..=max`) and the waiters it rejected.
 pub(crate) async fn add_to_limit(
     conn: &mut Conn,
     t: &Target<'_>,
     delta: i64,
     max: u32,
-) -> CallResult<(u32, Option<u32>)> {
+) -> CallResult<ResizeReply> {
     let v = RESIZE
         .run(conn, t, |inv| {
             inv.arg(delta).arg("add").arg(max);
         })
         .await?;
-    let (old, new) = reply::pair(&v)?;
-    Ok((old.max(0) as u32, (new > 0).then_some(new as u32)))
+    reply::resize(&v)
 }
 
-/// Sets the stored limit; returns the previous one.
-pub(crate) async fn resize(conn: &mut Conn, t: &Target<'_>, new_limit: u32) -> CallResult<u32> {
+/// Sets the stored limit; returns the previous one and the waiters it rejected.
+pub(crate) async fn resize(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    new_limit: u32,
+) -> CallResult<ResizeReply> {
     let v = RESIZE
         .run(conn, t, |inv| {
-            inv.arg(new_limit);
+            inv.arg(new_limit).arg("set");
         })
         .await?;
-    Ok(reply::integer(&v)? as u32)
+    reply::resize(&v)
 }
 
 /// A consistent snapshot of the semaphore.
@@ -496,13 +500,13 @@ pub(crate) async fn resize_existing(
     keys: &Keys,
     publish: &'static str,
     new_limit: u32,
-) -> CallResult<Option<u32>> {
+) -> CallResult<Option<ResizeReply>> {
     let v = RESIZE_EXISTING
         .run(conn, &existing(keys, publish), |inv| {
-            inv.arg(new_limit.to_string());
+            inv.arg(new_limit.to_string()).arg("set");
         })
         .await?;
-    unless_nil(v, |v| Ok(reply::integer(&v)? as u32))
+    unless_nil(v, |v| reply::resize(&v))
 }
 
 /// [`add_to_limit`] of an existing semaphore.
@@ -512,31 +516,47 @@ pub(crate) async fn add_to_limit_existing(
     publish: &'static str,
     delta: i64,
     max: u32,
-) -> CallResult<Option<(u32, Option<u32>)>> {
+) -> CallResult<Option<ResizeReply>> {
     let v = RESIZE_EXISTING
         .run(conn, &existing(keys, publish), |inv| {
             inv.arg(delta).arg("add").arg(max);
         })
         .await?;
+    unless_nil(v, |v| reply::resize(&v))
+}
+
+/// A forced [`release`] of `id` (an operator's); returns `(holders, waiters)` removed: at most
+/// one of them 1. `existing`: in an existing semaphore only (`None` when there is none).
+pub(crate) async fn force_release(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    existing_only: bool,
+    id: &str,
+) -> CallResult<Option<(u64, u64)>> {
+    let script = if existing_only {
+        &RELEASE_EXISTING
+    } else {
+        &RELEASE
+    };
+    let v = script
+        .run(conn, t, |inv| {
+            inv.arg("2").arg(0).arg(0).arg(id);
+        })
+        .await?;
     unless_nil(v, |v| {
-        let (old, new) = reply::pair(&v)?;
-        Ok((old.max(0) as u32, (new > 0).then_some(new as u32)))
+        let (holders, waiters) = reply::pair(&v)?;
+        Ok((holders.max(0) as u64, waiters.max(0) as u64))
     })
 }
 
-/// A forced [`release`] of `id` in an existing semaphore.
+/// [`force_release`] of `id` in an existing semaphore.
 pub(crate) async fn force_release_existing(
     conn: &mut Conn,
     keys: &Keys,
     publish: &'static str,
     id: &str,
-) -> CallResult<Option<u64>> {
-    let v = RELEASE_EXISTING
-        .run(conn, &existing(keys, publish), |inv| {
-            inv.arg("1").arg(0).arg(0).arg(id);
-        })
-        .await?;
-    unless_nil(v, |v| Ok(reply::integer(&v)? as u64))
+) -> CallResult<Option<(u64, u64)>> {
+    force_release(conn, &existing(keys, publish), true, id).await
 }
 
 /// What [`delete_existing`] did: whether it deleted, and the holders and waiters it found
@@ -547,17 +567,31 @@ pub(crate) struct Deletion {
     pub(crate) waiters: u32,
 }
 
-/// Deletes an existing semaphore's keys; refused while it has holders or waiters, unless
-/// `force`.
+/// How [`delete_existing`] deletes.
+#[derive(Clone, Copy)]
+pub(crate) enum DeleteMode {
+    /// Refused while it has holders or waiters.
+    IfUnused,
+    /// Evicting holders and waiters; refused over another program's data.
+    Force,
+    /// Every key, whatever it holds.
+    Purge,
+}
+
+/// Deletes an existing semaphore's keys, as `mode` says.
 pub(crate) async fn delete_existing(
     conn: &mut Conn,
     keys: &Keys,
     publish: &'static str,
-    force: bool,
+    mode: DeleteMode,
 ) -> CallResult<Option<Deletion>> {
     let v = DELETE_EXISTING
         .run(conn, &existing(keys, publish), |inv| {
-            inv.arg(if force { "1" } else { "0" });
+            inv.arg(match mode {
+                DeleteMode::IfUnused => "0",
+                DeleteMode::Force => "1",
+                DeleteMode::Purge => "2",
+            });
         })
         .await?;
     unless_nil(v, |v| {

@@ -11,9 +11,10 @@
 --   5 slots  hash  slot number -> id of its holder
 --   6 free   zset  free slot numbers below the limit (member = score = slot)
 --   7 own    zset  the entries of each session, all scored 0 (a lexicographic index):
---                  '<session>|<id>' for a live entry, '<session>|!<id>' for an entry removed
---                  by someone else (an operator's release, a rejection) until its session
---                  learns it; '#' marks the index as complete (its loss is detected by it)
+--                  '<session>|<id>' for a live entry; '<session>|!<id>' for an entry an
+--                  operator removed (a forced release) and '<session>|!!<id>' for a waiter
+--                  rejected after a shrink, until its session learns it; '#' marks the index
+--                  as complete (its loss is detected by it)
 -- A session is the liveness of one client handle for one lease length: '<c>~<lease ms>'. A
 -- waiter belongs to the session '<c>~<w>', a holder to '<c>~<l>'. The client renews its
 -- sessions, not its entries; when a session's lease passes, all its entries are reaped.
@@ -153,8 +154,10 @@ end
 -- stays above
 -- every token issued before even when the keys were lost (FLUSHALL, a restart without
 -- persistence, a failover to a lagging replica), as long as Redis's clock has not gone
--- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). Below 2^53, so exact in
--- Lua's doubles; stored and carried as a decimal string.
+-- back past the earlier grant (docs/PROTOCOL.md, "Fencing tokens"). NOW_US is read once per
+-- call: k grants in one call take k consecutive generations, the last up to k - 1 above the
+-- clock the call read (the lead that bound states). Below 2^53, so exact in Lua's doubles;
+-- stored and carried as a decimal string.
 local function next_generation()
   if not NOW_US then now_ms() end
   GEN = math.max(GEN + 1, NOW_US)
@@ -182,6 +185,11 @@ local function corrupt(what)
 end
 
 local drop_entry -- (defined below; the reaper in rare() calls it)
+
+-- The marks of a tombstone in the index ('<session>|<mark><id>', see K_OWN): an entry an
+-- operator removed (a forced release), and a waiter rejected because it asked for more
+-- permits than the limit (after a shrink). Ids never start with '!'.
+local TOMB_REMOVED, TOMB_REJECTED = '!', '!!'
 
 local function next_ticket()
   SEQ = SEQ + 1
@@ -408,8 +416,9 @@ local function rare()
 end
 
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
--- `tomb`: removed by someone other than its client (an operator, a rejection), which the
--- client's next renewal of the session learns from the index.
+-- `tomb`: removed by someone other than its client, which the client's next renewal of the
+-- session learns from the index: TOMB_REMOVED (an operator's forced release) or
+-- TOMB_REJECTED (a waiter that asked for more than the limit, after a shrink).
 -- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
 -- an entry without a record lost it, and the slots still mapped to it are freed.)
 drop_entry = function(id, m, limit, tomb)
@@ -417,7 +426,7 @@ drop_entry = function(id, m, limit, tomb)
   if m then
     local sid = sess_of(m)
     redis.call('ZREM', K_OWN, sid .. '|' .. id)
-    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|!' .. id) end
+    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|' .. tomb .. id) end
     if m.s then
       for _, s in ipairs(m.s) do
         redis.call('HDEL', K_SLOTS, s)
@@ -452,10 +461,35 @@ local function reap(now, limit)
   return rare().reap_sessions(dead, now, limit)
 end
 
+-- Fails, changing nothing, unless the hash at K_CFG, whose `limit` and `ver` fields are
+-- `limit` and `ver` (false when absent), is a redsem configuration: a limit that is a
+-- positive integer and a `ver` (if any) that is one too, or no limit but a `ver` (a
+-- configuration to re-create). Another program's hash under our key name (`limit banana`,
+-- or other fields only) is not adopted, misread as another protocol version, or deleted.
+local function check_ours(limit, ver)
+  local function int(v)
+    local n = tonumber(v)
+    return n ~= nil and n >= 1 and n == math.floor(n)
+  end
+  local why = nil
+  if limit and not int(limit) then
+    why = 'its field limit is ' .. string.format('%q', string.sub(limit, 1, 40))
+  elseif ver and not int(ver) then
+    why = 'its field ver is ' .. string.format('%q', string.sub(ver, 1, 40))
+  elseif not limit and not ver and redis.call('EXISTS', K_CFG) == 1 then
+    why = 'it has neither a limit nor a ver field'
+  end
+  if why then
+    error({ err = 'REDSEM_FOREIGN key ' .. K_CFG .. ' holds a hash that is not a redsem semaphore\'s'
+      .. ' configuration (' .. why .. '): another program uses this key name' })
+  end
+end
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
 -- Every script calls it before its first write.
 local function load_limit()
   local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs')
+  check_ours(cfg[1], cfg[2])
   if cfg[1] then
     if tonumber(cfg[2] or '1') ~= PROTOCOL then
       error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. (cfg[2] or '1')
@@ -536,7 +570,7 @@ local function pump(now, limit)
       redis.call('ZREM', K_QUEUE, head)
     elseif m.n > limit then
       -- can never be satisfied (the limit shrank below the request): reject it
-      drop_entry(head, m, limit, true)
+      drop_entry(head, m, limit, TOMB_REJECTED)
       out[#out + 1] = { head, m, false }
     elseif used + m.n > limit then
       break

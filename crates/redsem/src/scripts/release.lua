@@ -1,14 +1,16 @@
 -- release: remove holders or queued waiters (a cancelled acquire), detach holders, end
 -- sessions, then grant what that frees.
 -- ARGV (after the common header):
---   4 force ("1" for an operator's release: the client that owns the entry learns it at its
---     next renewal of the entry's session; "0" otherwise)
+--   4 force ("1" or "2" for an operator's release: the client that owns the entry learns it
+--     at its next renewal of the entry's session, and a removed waiter at once from an "r:"
+--     record on its channel; "0" otherwise)
 --   5 k, the number of sessions to end (a client handle that closes ends its sessions: a
 --     session ends only if it has no entry left)
 --   6 d, the number of holders to detach (Permit::detach: the holder leaves its client's
 --     session for one of its own that nobody renews, which keeps the lease it has now)
 --   then k session ids, d holder ids, and the ids to remove
--- Reply: number of entries that existed and were removed. Idempotent.
+-- Reply: number of entries that existed and were removed; with force "2": {holders removed,
+-- waiters removed}. Idempotent.
 -- (It does not reap: what it frees it grants, and expired sessions are reaped by the next
 -- acquire or renewal, which the waiters' clients make at the next expiry at the latest.)
 
@@ -19,8 +21,9 @@ if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
 check_zset(K_OWN); check_hash(K_SLOTS); check_zset(K_FREE); check_zset(K_QUEUE)
 if k > 0 then check_zset(K_EXP) end
 local limit = load_limit()
-local force = ARGV[4] == '1'
+local force = ARGV[4] == '1' or ARGV[4] == '2'
 local removed, unknown = 0, false
+local waiters = {} -- the waiters removed by force, as {id, record}
 for i = 7 + k, 6 + k + d do
   local id = ARGV[i]
   local m = get_meta(id)
@@ -49,7 +52,8 @@ if #ids == 1 then
   -- a lone release removes it as it goes, which costs it less
   local m = get_meta(ids[1])
   if m then removed = 1 else unknown = true end
-  drop_entry(ids[1], m, limit, m ~= nil and force)
+  if force and m and not m.s then waiters[1] = { ids[1], m } end
+  drop_entry(ids[1], m, limit, (m ~= nil and force) and TOMB_REMOVED or nil)
 elseif #ids > 1 then
   -- Removes the entries `ids` (distinct) whose records are `ms` (false where there is none) as
   -- drop_entry does, with one command per key for all of them. Returns how many had a record.
@@ -64,7 +68,7 @@ elseif #ids > 1 then
         del[#del + 1] = id
         local sid = sess_of(m)
         unown[#unown + 1] = sid .. '|' .. id
-        if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|!' .. id end
+        if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|' .. TOMB_REMOVED .. id end
         if m.s then
           for _, sl in ipairs(m.s) do
             local str = tostring(sl) -- (formatted once: each number argument is formatted)
@@ -73,6 +77,7 @@ elseif #ids > 1 then
           end
         else
           unqueue[#unqueue + 1] = id
+          if tomb then waiters[#waiters + 1] = { id, m } end
         end
       end
     end
@@ -101,5 +106,17 @@ for i = 7, 6 + k do
   end
 end
 if removed > 0 or unknown or CREATED then publish(pump(nil, limit), nil) end
+-- A waiter an operator removed is told at once ("r:<id>", one message per client), and at its
+-- session's next renewal (the tombstone) in case the message is lost.
+if #waiters > 0 then
+  local by_client, order = {}, {}
+  for _, w in ipairs(waiters) do
+    local c = w[2].c
+    if not by_client[c] then by_client[c] = {}; order[#order + 1] = c end
+    table.insert(by_client[c], 'r:' .. w[1])
+  end
+  for _, c in ipairs(order) do redis.call(PUB, CH_BASE .. c, table.concat(by_client[c], ';')) end
+end
 finish()
+if ARGV[4] == '2' then return { removed - #waiters, #waiters } end
 return removed

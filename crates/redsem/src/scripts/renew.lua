@@ -6,7 +6,7 @@
 -- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
 --   ms), then the ids of entries to check (the client's holders, and those of its waiters it
 --   has reason to doubt; see docs/PROTOCOL.md)
--- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed}
+-- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why}
 --        states: one per id, in order:
 --          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --          {0}                still queued
@@ -18,11 +18,13 @@
 --          lower ticket was granted or removed: its notification may have been lost)
 --        removed: the ids of the sessions' entries that someone else removed since their last
 --          renewal (an operator's release, a rejection after a shrink)
+--        why: one per removed id, in order: 1 an operator removed it (a forced release), 2 it
+--          was rejected: it asked for more permits than the limit (after a shrink)
 local now = now_ms()
 local limit = load_limit()
 settle(now, limit, false)
 local k = tonumber(A[4])
-local sessions, removed = {}, {}
+local sessions, removed, why = {}, {}, {}
 local restored = false
 for j = 0, k - 1 do
   local sid, lease = A[5 + 2 * j], tonumber(A[6 + 2 * j])
@@ -41,7 +43,16 @@ for j = 0, k - 1 do
     'LIMIT', 0, 512)
   if #tombs > 0 then
     redis.call('ZREM', K_OWN, unpack(tombs))
-    for _, t in ipairs(tombs) do removed[#removed + 1] = string.sub(t, #sid + 3) end
+    for _, t in ipairs(tombs) do
+      local id = string.sub(t, #sid + 3)
+      if string.sub(id, 1, 1) == '!' then
+        removed[#removed + 1] = string.sub(id, 2)
+        why[#why + 1] = 2 -- rejected (TOMB_REJECTED)
+      else
+        removed[#removed + 1] = id
+        why[#why + 1] = 1 -- an operator removed it (TOMB_REMOVED)
+      end
+    end
   end
 end
 local states = {}
@@ -68,4 +79,4 @@ if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and tonumber(head[2]) or -1, removed }
+  #head > 0 and tonumber(head[2]) or -1, removed, why }

@@ -103,10 +103,30 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         return Err(unexpected(v));
     }
     let head = int(items.get(5))?;
-    let removed = array(items.get(6).ok_or_else(|| unexpected(v))?)?
+    let removed_ids = array(items.get(6).ok_or_else(|| unexpected(v))?)?
         .iter()
         .map(|id| string(Some(id)))
         .collect::<CallResult<Vec<_>>>()?;
+    // why each was removed (absent from the scripts of before it was added)
+    let why = match items.get(7) {
+        Some(w) => array(w)?
+            .iter()
+            .map(|x| int(Some(x)))
+            .collect::<CallResult<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    let removed = removed_ids
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let by = match why.get(i) {
+                Some(1) => RemovedBy::Operator,
+                Some(2) => RemovedBy::Rejected,
+                _ => RemovedBy::Unknown,
+            };
+            (id, by)
+        })
+        .collect();
     Ok(Renewal {
         next_expiry: next,
         states,
@@ -131,23 +151,62 @@ pub(crate) struct Renewal {
     /// The ticket at the head of the queue (`None`: nobody waits). A waiter with a lower
     /// ticket was granted or removed meanwhile.
     pub(crate) head: Option<u64>,
-    /// Entries of the sessions sent that someone else removed since their last renewal.
-    pub(crate) removed: Vec<String>,
+    /// Entries of the sessions sent that someone else removed since their last renewal, and
+    /// why.
+    pub(crate) removed: Vec<(String, RemovedBy)>,
 }
 
-/// Two integers: `{a, b}`.
+/// Why someone other than its client removed an entry (`renew.lua`'s reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RemovedBy {
+    /// An operator's forced release.
+    Operator,
+    /// A waiter that asked for more permits than the limit, after a shrink.
+    Rejected,
+    /// Not said (a script of before the reasons were added).
+    Unknown,
+}
+
+/// What `resize.lua` answered in its reporting modes (`set`, `add`): the previous limit, the
+/// new one (`None`: an `add` refused, nothing changed), and the waiters it rejected as
+/// `(id, permits, label)`, in queue order.
+pub(crate) type ResizeReply = (u32, Option<u32>, Vec<(String, u32, String)>);
+
+/// Parses `{previous, new, {{id, permits, label}...}}` (`resize.lua` with `set` or `add`).
+pub(super) fn resize(v: &Value) -> CallResult<ResizeReply> {
+    let items = array(v)?;
+    let old = int(items.first())?.max(0) as u32;
+    let new = int(items.get(1))?;
+    let rejected = match items.get(2) {
+        Some(r) => array(r)?
+            .iter()
+            .map(|e| {
+                let e = array(e)?;
+                Ok((
+                    string(e.first())?,
+                    int(e.get(1))?.max(0) as u32,
+                    string(e.get(2))?,
+                ))
+            })
+            .collect::<CallResult<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    Ok((old, (new > 0).then_some(new as u32), rejected))
+}
+
+/// Two integers: `{a, b}` (trailing elements, which a later version may add, are ignored).
 pub(super) fn pair(v: &Value) -> CallResult<(i64, i64)> {
     let items = array(v)?;
-    if items.len() != 2 {
+    if items.len() < 2 {
         return Err(unexpected(v));
     }
     Ok((int(items.first())?, int(items.get(1))?))
 }
 
-/// Three integers: `{a, b, c}`.
+/// Three integers: `{a, b, c}` (trailing elements are ignored, as for [`pair`]).
 pub(super) fn triple(v: &Value) -> CallResult<(i64, i64, i64)> {
     let items = array(v)?;
-    if items.len() != 3 {
+    if items.len() < 3 {
         return Err(unexpected(v));
     }
     Ok((int(items.first())?, int(items.get(1))?, int(items.get(2))?))
@@ -341,11 +400,21 @@ pub(super) fn unexpected(v: &Value) -> CallError {
 /// A message published on a handle's channel: grants and rejections for its waiters.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Notice {
-    Granted { id: String, grant: Grant },
-    Rejected { id: String },
+    Granted {
+        id: String,
+        grant: Grant,
+    },
+    Rejected {
+        id: String,
+    },
+    /// An operator removed the waiter (a forced release).
+    Removed {
+        id: String,
+    },
 }
 
-/// Parses `g:<id>:<ticket>:<slots>:<fences>;x:<id>;...` (see `publish` in prelude.lua).
+/// Parses `g:<id>:<ticket>:<slots>:<fences>;x:<id>;r:<id>;...` (see `publish` in
+/// prelude.lua, and release.lua for `r:`). Records of unknown types are ignored.
 pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
     fn nums<T: std::str::FromStr>(s: &str) -> Option<Vec<T>> {
         if s.is_empty() {
@@ -372,6 +441,7 @@ pub(crate) fn parse_notices(payload: &str) -> Vec<Notice> {
                     })
                 }
                 ("x", id) => Some(Notice::Rejected { id: id.to_owned() }),
+                ("r", id) => Some(Notice::Removed { id: id.to_owned() }),
                 _ => None,
             }
         })
@@ -384,7 +454,7 @@ mod tests {
 
     #[test]
     fn notices_parse() {
-        let n = parse_notices("g:ab:42:0,3:7,1;x:cd");
+        let n = parse_notices("g:ab:42:0,3:7,1;x:cd;r:ef;z:unknown");
         assert_eq!(
             n,
             vec![
@@ -396,7 +466,8 @@ mod tests {
                         fences: vec![7, 1]
                     }
                 },
-                Notice::Rejected { id: "cd".into() }
+                Notice::Rejected { id: "cd".into() },
+                Notice::Removed { id: "ef".into() }
             ]
         );
         assert!(parse_notices("garbage").is_empty());

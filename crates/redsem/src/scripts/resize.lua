@@ -2,15 +2,19 @@
 -- holders finish and admits no one until the permits in use are below the new limit.
 -- ARGV (after the common header): 4 new limit, or with ARGV 5 = "add": a change (+/-) of the
 --   stored limit, applied atomically, refused when the result is outside 1..ARGV 6
--- Reply: the previous limit; with "add": {previous, new} or {previous, -1} when refused
+-- Reply: the previous limit; with ARGV 5 = "set" (ARGV 4 the new limit) or "add":
+--   {previous, new, rejected}, where rejected lists the queued waiters this change rejected
+--   (they asked for more permits than the new limit), each {id, permits, label}, in queue
+--   order; with "add", {previous, -1, {}} when refused
 local now = now_ms()
 check_all()
 local old = load_limit()
 local new = tonumber(ARGV[4])
 local relative = ARGV[5] == 'add'
+local report = relative or ARGV[5] == 'set'
 if relative then
   new = old + new
-  if new < 1 or new > tonumber(ARGV[6]) then finish(); return { old, -1 } end
+  if new < 1 or new > tonumber(ARGV[6]) then finish(); return { old, -1, {} } end
 end
 if new > old then
   for s = old, new - 1 do
@@ -20,7 +24,28 @@ elseif new < old then
   redis.call('ZREMRANGEBYSCORE', K_FREE, new, '+inf')
 end
 redis.call('HSET', K_CFG, 'limit', new)
-settle(now, new, true)
+-- (settle, keeping what pump did: the rejections are reported)
+reap(now, new)
+local out = {}
+if new < old then
+  -- every queued request larger than the new limit is rejected now, not only the head: none
+  -- of them can ever be granted (O(queue), as a shrink is rare)
+  local queued = redis.call('ZRANGE', K_QUEUE, 0, -1)
+  local ms = get_metas(queued)
+  for i, id in ipairs(queued) do
+    local m = ms[i]
+    if m and m.n > new then
+      drop_entry(id, m, new, TOMB_REJECTED)
+      out[#out + 1] = { id, m, false }
+    end
+  end
+end
+for _, r in ipairs(pump(now, new)) do out[#out + 1] = r end
+publish(out, nil)
 finish()
-if relative then return { old, new } end
-return old
+if not report then return old end
+local rejected = {}
+for _, r in ipairs(out) do
+  if not r[3] then rejected[#rejected + 1] = { r[1], r[2].n, r[2].lb or '' } end
+end
+return { old, new, rejected }
