@@ -7,6 +7,10 @@
 -- ARGV (after the common header): 4 force ("1" or "0")
 -- Reply: {1, holders, waiters} deleted; the counts are the entries it evicted
 --        {0, holders, waiters} refused: live holders or waiters, and not forced
+-- A forced delete that evicted entries leaves a tombstone: `own` holds only '!deleted', with
+-- a TTL of the longest session lease left plus 10 s, so that the evicted entries' renewals
+-- and releases learn that the semaphore was deleted instead of re-creating it (a deliberate
+-- use, open.lua or acquire.lua, re-creates it and removes the tombstone).
 -- A forced delete reads nothing it relies on, so that it also removes a semaphore whose keys
 -- are inconsistent (Error::Corrupt) or hold foreign types (WRONGTYPE).
 local force = ARGV[4] == '1'
@@ -26,5 +30,16 @@ local waiters = count('ZCARD', K_QUEUE)
 local holders = entries - waiters
 if holders < 0 then holders = 0 end
 if entries > 0 and not force then return { 0, holders, waiters } end
+local ttl = 0
+if entries > 0 then
+  local now = now_ms()
+  local last = redis.pcall('ZREVRANGEBYSCORE', K_EXP, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  ttl = 10000
+  if type(last) == 'table' and #last == 2 then ttl = ttl + math.max(0, tonumber(last[2]) - now) end
+end
 redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN)
+if ttl > 0 then
+  redis.call('ZADD', K_OWN, 0, '!deleted')
+  redis.call('PEXPIRE', K_OWN, string.format('%d', ttl))
+end
 return { 1, holders, waiters }

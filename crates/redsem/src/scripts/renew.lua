@@ -18,12 +18,20 @@
 --          lower ticket was granted or removed: its notification may have been lost)
 --        removed: the ids of the sessions' entries that someone else removed since their last
 --          renewal (an operator's release, a rejection after a shrink)
+--        deleted: 1 when delete.lua removed the semaphore (every state is then {-1}, every
+--          session flag 0, and nothing is written: the semaphore is not re-created), else 0
 local now = now_ms()
+ONLY_EXISTING = true
 local limit = load_limit()
-settle(now, limit, false)
 local k = tonumber(A[4])
+if not limit then
+  local states, sessions = {}, {}
+  for i = 5 + 2 * k, #A do states[#states + 1] = { -1 } end
+  for j = 1, k do sessions[j] = 0 end
+  return { -1, states, 0, tonumber(A[1]), sessions, -1, {}, 1 }
+end
+settle(now, limit, false)
 local sessions, removed = {}, {}
-local restored = false
 for j = 0, k - 1 do
   local sid, lease = A[5 + 2 * j], tonumber(A[6 + 2 * j])
   -- (an expired session not reaped yet, e.g. beyond what one call reaps, had no lease
@@ -31,12 +39,6 @@ for j = 0, k - 1 do
   local until_ms = redis.call('ZSCORE', K_EXP, sid)
   sessions[j + 1] = (until_ms and tonumber(until_ms) > now) and 1 or 0
   redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
-  if not until_ms and not restored
-    and #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) > 0 then
-    -- entries without a session lease: the `exp` key was lost
-    rare().restore_sessions(now)
-    restored = true
-  end
   local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
     'LIMIT', 0, 512)
   if #tombs > 0 then
@@ -58,7 +60,7 @@ for i = 5 + 2 * k, #A do
       -- its place in the queue was lost with the `queue` key: back at its ticket
       check_all()
       rare().count_repair()
-      redis.call('ZADD', K_QUEUE, m.t, id)
+      queue_add(m.t, id)
       requeued = true
     end
     states[#states + 1] = { 0 }
@@ -68,4 +70,4 @@ if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and tonumber(head[2]) or -1, removed }
+  #head > 0 and tonumber(head[2]) or -1, removed, 0 }

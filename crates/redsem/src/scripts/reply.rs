@@ -107,6 +107,8 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         .iter()
         .map(|id| string(Some(id)))
         .collect::<CallResult<Vec<_>>>()?;
+    // (a trailing element: absent from the replies of scripts before it)
+    let deleted = matches!(items.get(7), Some(Value::Int(1)));
     Ok(Renewal {
         next_expiry: next,
         states,
@@ -114,6 +116,7 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         had_lease,
         head: u64::try_from(head).ok(),
         removed,
+        deleted,
     })
 }
 
@@ -133,6 +136,9 @@ pub(crate) struct Renewal {
     pub(crate) head: Option<u64>,
     /// Entries of the sessions sent that someone else removed since their last renewal.
     pub(crate) removed: Vec<String>,
+    /// The semaphore was deleted (`delete.lua` with force): every entry is gone, and the
+    /// renewal did not re-create it.
+    pub(crate) deleted: bool,
 }
 
 /// Two integers: `{a, b}`.
