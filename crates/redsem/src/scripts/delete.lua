@@ -33,9 +33,14 @@ if entries > 0 and not force then return { 0, holders, waiters } end
 local ttl = 0
 if entries > 0 then
   local now = now_ms()
-  local last = redis.pcall('ZREVRANGEBYSCORE', K_EXP, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  -- the longest session lease left: the highest score but the marker's
+  local last = redis.pcall('ZRANGE', K_EXP, -2, -1, 'WITHSCORES')
   ttl = 10000
-  if type(last) == 'table' and #last == 2 then ttl = ttl + math.max(0, tonumber(last[2]) - now) end
+  if type(last) == 'table' then
+    for i = 1, #last, 2 do
+      if last[i] ~= '#' then ttl = math.max(ttl, 10000 + tonumber(last[i + 1]) - now) end
+    end
+  end
 end
 redis.call('DEL', K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN)
 if ttl > 0 then
