@@ -1,6 +1,7 @@
 //! The one pass over `snapshots.log` (see `snapshot.rs` for its format), in order: each
 //! snapshot of a semaphore is checked by properties 1 (`limit_in_redis.rs`), 5
-//! (`recovery.rs`) and the first half of 6 (`wait_while_free.rs`), and recorded, for each op
+//! (`recovery.rs`), the first half of 6 (`wait_while_free.rs`) and 10 (`fifo.rs`), and
+//! recorded, for each op
 //! it may matter to, as an observation (was its lease valid in Redis then?) that properties
 //! 3 and 4 read afterwards.
 //!
@@ -16,6 +17,7 @@ use anyhow::Context;
 
 use super::logs::{Logs, num};
 use super::report::Report;
+use super::fifo::Fifo;
 use super::wait_while_free::FreeWaits;
 use super::{limit_in_redis, overlaps, recovery::Recovery};
 use crate::runner::epoch_of;
@@ -33,6 +35,8 @@ pub(super) struct Entry {
     pub(super) n: i64,
     /// Redis time of its grant (ms; `-1`: not granted).
     pub(super) granted_ms: i64,
+    /// Its ticket (`-1`: unknown, its record is gone).
+    pub(super) ticket: i64,
     /// The slots it holds.
     pub(super) slots: Vec<u32>,
     /// Their generations (same order; empty for a waiter).
@@ -50,6 +54,7 @@ fn parse_entry(s: &str) -> Option<Entry> {
         queue: f[2].parse().ok()?,
         n: f[3].parse().ok()?,
         granted_ms: f[4].parse().ok()?,
+        ticket: f[5].parse().ok()?,
         slots: if f[6] == "-" {
             Vec::new()
         } else {
@@ -77,6 +82,8 @@ pub(super) struct Snapshot {
     pub(super) entries: Vec<Entry>,
     /// The slot table: slot → entry.
     pub(super) slot_table: HashMap<u32, u32>,
+    /// The history of the keys it belongs to (restarts and failovers so far).
+    pub(super) epoch: u32,
 }
 
 impl Snapshot {
@@ -95,7 +102,7 @@ impl Snapshot {
             return None;
         };
         let spec = logs.cfg.sems.get(sem)?;
-        epoch_of(restarts, sent, recv)?;
+        let epoch = epoch_of(restarts, sent, recv)?;
         // Redis's clock, stepped (`clock-step`), as real time: the snapshot's by the offset
         // it answered under (skipped if a step came meanwhile), the leases' expiries and
         // the grants' times by when Redis's clock reached them, so that validity (an
@@ -138,6 +145,7 @@ impl Snapshot {
             limit: i64::from(spec.limit),
             entries,
             slot_table,
+            epoch,
         })
     }
 
@@ -344,6 +352,7 @@ pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Resu
     let mut observations = Observations::new(logs);
     let mut recovery = Recovery::new(logs);
     let mut free = FreeWaits::new(logs.cfg.sems.len());
+    let mut fifo = Fifo::new(logs.cfg.sems.len());
 
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
@@ -365,6 +374,7 @@ pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Resu
         observations.record(&s, logs);
         recovery.observe(logs, &s, &ids, &mut excuses, r);
         free.observe(logs, &s, &ids, &mut excuses, r);
+        fifo.observe(&s, s.epoch, &ids, r);
     }
     free.finish(logs, &ids, &mut excuses, r);
     recovery.finish(logs, &ids, excuses.global(), r);
