@@ -920,7 +920,10 @@ fn check_order(order: Order) -> checker::Report {
         format!("acq {} 0.0.1 aaaa.0-x 1 0:1", t(100)),
         format!("done {} 0.0.1 ok", t(1100)),
         format!("begin {} 0.0.2 0 1 3000 wait run", t(z_queued - 10)),
-        format!("acq {} 0.0.2 aaaa.0-z {z_ticket} 0:{z_ticket}", t(z_granted)),
+        format!(
+            "acq {} 0.0.2 aaaa.0-z {z_ticket} 0:{z_ticket}",
+            t(z_granted)
+        ),
         format!("done {} 0.0.2 ok", t(z_done)),
         format!("stop {}", t(1900)),
     ];
@@ -974,9 +977,5 @@ fn a_ticket_issued_below_a_live_waiters_after_cfg_and_queue_are_lost_breaks_fifo
 #[test]
 fn grants_in_ticket_order_across_a_queue_loss_keep_fifo() {
     let r = check_order(Order::Kept);
-    assert!(
-        !r.violation_counts.contains_key("fifo"),
-        "{}",
-        r.text()
-    );
+    assert!(!r.violation_counts.contains_key("fifo"), "{}", r.text());
 }

@@ -266,7 +266,10 @@ fn script(body: &str) -> String {
 /// with `limit`, then `args`).
 fn raw(server: &Server, name: &str, limit: u32, body: &str, args: &[&str]) -> Reply {
     let text = script(body);
-    let keys: Vec<String> = KEYS.iter().map(|k| format!("redsem:{{{name}}}:{k}")).collect();
+    let keys: Vec<String> = KEYS
+        .iter()
+        .map(|k| format!("redsem:{{{name}}}:{k}"))
+        .collect();
     let base = format!("redsem:{{{name}}}:c:");
     let limit = limit.to_string();
     let mut cmd: Vec<&str> = vec!["EVAL", &text, "7"];

@@ -15,9 +15,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use super::fifo::Fifo;
 use super::logs::{Logs, num};
 use super::report::Report;
-use super::fifo::Fifo;
 use super::wait_while_free::FreeWaits;
 use super::{limit_in_redis, overlaps, recovery::Recovery};
 use crate::runner::epoch_of;
