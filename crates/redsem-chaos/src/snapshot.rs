@@ -44,25 +44,14 @@ for i = 1, #KEYS, 6 do
     end
     return r
   end
-  -- an entry's lease is its session's: '<channel id>~<lease ms>', listed in the index. A
-  -- lease set without its marker '#' was lost: until the next script restores it, which
-  -- gives every session a lease from then, nothing can be reaped; a session without a lease
-  -- counts as leased from now
+  -- an entry's lease is its session's: '<channel id>~<lease ms>', listed in the index
   local sess = {}
   local e = redis.call('ZRANGE', exp, 0, -1, 'WITHSCORES')
   for j = 1, #e, 2 do sess[e[j]] = tonumber(e[j + 1]) end
-  local lost = not redis.call('ZSCORE', exp, '#')
-  local now_ms = math.floor(res[1] / 1000)
-  local function lease(sid)
-    local l = sess[sid]
-    if l then return l end
-    if lost then return now_ms + (tonumber(string.match(sid, '~(%d+)$')) or 0) end
-    return -1
-  end
   for _, mem in ipairs(redis.call('ZRANGE', own, 0, -1)) do
     local bar = string.find(mem, '|', 1, true)
     if bar and string.sub(mem, bar + 1, bar + 1) ~= '!' then
-      rec(string.sub(mem, bar + 1)).e = lease(string.sub(mem, 1, bar - 1))
+      rec(string.sub(mem, bar + 1)).e = sess[string.sub(mem, 1, bar - 1)] or -1
     end
   end
   local q = redis.call('ZRANGE', queue, 0, -1)
@@ -76,7 +65,7 @@ for i = 1, #KEYS, 6 do
       local m = cjson.decode(raw)
       -- the session the record names (the index may have lost it)
       local sid = m.c .. '~' .. string.format('%d', m.s and m.l or m.w)
-      if sess[sid] or lost then r.e = lease(sid) end
+      if sess[sid] then r.e = sess[sid] end
       n = m.n or -1
       a = m.a or -1
       tk = m.t or -1

@@ -8,8 +8,9 @@
 //! - a renewal the dead process had in flight, held up by a fault (its command connection
 //!   black-holed or slowed, Redis asleep), extends the lease from the end of that fault;
 //! - a loss of the lease set (`key-loss` of `exp`) within a lease of the kill: the next
-//!   script (a renewal of a live worker, within one renewal interval) gives every session
-//!   of the index a lease again from then (docs/PROTOCOL.md, "Lost keys");
+//!   script (a renewal of a live worker, within one renewal interval while anyone holds, or
+//!   one fallback interval while anyone waits) gives every session of the index a lease
+//!   again from then (docs/PROTOCOL.md, "Lost keys");
 //! - a waiter that cannot act is no evidence: only live waiters whose process was not
 //!   paused, stalled or cut off from Redis since the kill (or the end of that fault) count,
 //!   and nothing is judged while Redis answers nobody.
@@ -75,7 +76,7 @@ impl Recovery {
                 }
                 let leases_lost = f.kind == FaultKind::KeyLoss && f.detail.contains(",key=exp,");
                 if leases_lost && f.t0 >= k - t.lease && f.t0 <= k + t.lease + t.slack {
-                    latest = latest.max(f.t1 + t.renew);
+                    latest = latest.max(f.t1 + t.fallback.max(t.renew));
                 }
             }
             deadline_of.insert(id, latest + t.lease + t.slack);

@@ -20,6 +20,7 @@ use super::logs::{Logs, num};
 use super::report::Report;
 use super::wait_while_free::FreeWaits;
 use super::{limit_in_redis, overlaps, recovery::Recovery};
+use crate::config::FaultKind;
 use crate::runner::epoch_of;
 
 /// One entry (holder or waiter) of a semaphore in a snapshot.
@@ -84,12 +85,22 @@ pub(super) struct Snapshot {
     pub(super) slot_table: HashMap<u32, u32>,
     /// The history of the keys it belongs to (restarts and failovers so far).
     pub(super) epoch: u32,
+    /// Its lease set (`exp`) was lost a moment ago (`key-loss`), and the next script may not
+    /// have restored it yet: until then nothing can be reaped, so an entry without a lease
+    /// counts as valid (the repair bound: the next script on the semaphore, within one
+    /// renewal interval while anyone holds, one fallback interval while anyone waits).
+    pub(super) leases_lost: bool,
 }
 
 impl Snapshot {
     /// Parses an `S` line; `None` for another line, an unknown semaphore, or a snapshot that
     /// overlapped a restart.
-    fn parse(f: &[&str], logs: &Logs, restarts: &[(i64, i64)]) -> Option<Snapshot> {
+    fn parse(
+        f: &[&str],
+        logs: &Logs,
+        restarts: &[(i64, i64)],
+        exp_lost: &[Vec<(i64, i64)>],
+    ) -> Option<Snapshot> {
         if f[0] != "S" || f.len() != 8 {
             return None;
         }
@@ -146,12 +157,14 @@ impl Snapshot {
             entries,
             slot_table,
             epoch,
+            leases_lost: exp_lost.get(sem).is_some_and(|w| overlaps(w, now, now)),
         })
     }
 
-    /// Whether `e`'s lease is valid at this snapshot: it expires later.
+    /// Whether `e`'s lease is valid at this snapshot: it expires later (or it has none
+    /// because the lease set was just lost: see `leases_lost`).
     pub(super) fn valid(&self, e: &Entry) -> bool {
-        e.exp_ms > self.now / 1000
+        e.exp_ms > self.now / 1000 || (e.exp_ms == -1 && self.leases_lost)
     }
 
     /// The holders with valid leases.
@@ -347,6 +360,22 @@ impl Observations {
 pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(dir.join("snapshots.log")).context("snapshots.log")?;
     let restarts = logs.restart_pairs();
+    // per semaphore, the windows after a loss of its lease set before the next script must
+    // have restored it (see `Snapshot::leases_lost`)
+    let t = logs.t;
+    let exp_lost: Vec<Vec<(i64, i64)>> = logs
+        .cfg
+        .sems
+        .iter()
+        .map(|spec| {
+            let tag = format!("sem={},key=exp,", spec.name);
+            logs.faults
+                .iter()
+                .filter(|f| f.kind == FaultKind::KeyLoss && f.detail.starts_with(&tag))
+                .map(|f| (f.t0, f.t1 + t.fallback.max(t.renew) + t.slack))
+                .collect()
+        })
+        .collect();
     let mut ids = Ids::default();
     let mut excuses = Excuses::new(logs);
     let mut observations = Observations::new(logs);
@@ -366,7 +395,7 @@ pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Resu
             }
             continue;
         }
-        let Some(s) = Snapshot::parse(&f, logs, &restarts) else {
+        let Some(s) = Snapshot::parse(&f, logs, &restarts, &exp_lost) else {
             continue;
         };
         r.snapshots += 1;
