@@ -61,8 +61,10 @@ pub enum FaultKind {
     FailoverLagging,
     /// One key of one semaphore deleted, as an eviction would: its records (`meta`; the
     /// holders learn at their next renewal, like a `force_release` of each), its free-slot
-    /// set, its fences, its configuration or its queue. The scripts repair what they can
-    /// from what survives and never grant beyond the limit.
+    /// set, its session index (`own`), its configuration (`cfg`), its queue, its lease set
+    /// (`exp`), or its configuration and queue together. The scripts detect the loss at
+    /// their next call, repair what they can from what survives, never grant beyond the
+    /// limit and keep FIFO order.
     KeyLoss,
     /// A real failover to a replica that lags (chaos-managed, no Sentinel): the run's Redis
     /// has a replica that replicates through a link the runner controls. The runner waits

@@ -484,6 +484,7 @@ fn reason_name(r: redsem::LostReason) -> &'static str {
         redsem::LostReason::NotHolder => "NotHolder",
         redsem::LostReason::Unreachable => "Unreachable",
         redsem::LostReason::Refused => "Refused",
+        redsem::LostReason::Deleted => "Deleted",
         _ => "Other",
     }
 }

@@ -873,3 +873,109 @@ fn a_queued_waiter_whose_record_was_lost_does_not_wait_while_free() {
     let r = check_free_wait_with(1010, true, true);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
+
+/// What happens on `chaos-mutex` (limit 1) after a key loss at 1000 ms, while worker 0's
+/// `aaaa.0-x` (ticket 1) holds until 1100 ms and worker 1's `bbbb.0-y` (ticket 2) waits
+/// from 500 ms; worker 0 then asks again as `aaaa.0-z`.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Order {
+    /// `queue` lost: `aaaa.0-z` (ticket 3) is granted at 1150 ms while `bbbb.0-y` still
+    /// waits, granted only at 1400 ms (the reproduction: a newcomer granted at once).
+    Overtaken,
+    /// `cfg` and `queue` lost: `aaaa.0-z` queues at 1040 ms with ticket 1, below the live
+    /// ticket 2, and is granted first, at 1100 ms (the reproduction).
+    TicketRestart,
+    /// `queue` lost, and FIFO kept: `bbbb.0-y` is granted at 1100 ms, `aaaa.0-z` queues at
+    /// 1120 ms with ticket 3 and is granted at 1300 ms.
+    Kept,
+}
+
+fn check_order(order: Order) -> checker::Report {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let t = |ms: i64| T0 + ms * MS;
+    // (grant of bbbb.0-y, queued / granted / done of aaaa.0-z, its ticket)
+    let (g1, z_queued, z_granted, z_done, z_ticket) = match order {
+        Order::Overtaken => (1400, 1150, 1150, 1350, 3),
+        Order::TicketRestart => (1300, 1040, 1100, 1300, 1),
+        Order::Kept => (1100, 1120, 1300, 1500, 3),
+    };
+    let lost = if order == Order::TicketRestart {
+        "cfg+queue"
+    } else {
+        "queue"
+    };
+    let mut runner = start_run(dir);
+    runner.push(format!(
+        "fault {} {} key-loss - - sem=chaos-mutex,key={lost},entries=-",
+        t(1000),
+        t(1001)
+    ));
+    runner.push(format!("exit {} 0 ok", t(2000)));
+    runner.push(format!("exit {} 1 ok", t(2000)));
+    write_log(dir, "runner.log", &runner);
+    let w0 = [
+        format!("start {} 100 aaaa", t(0)),
+        format!("begin {} 0.0.1 0 1 3000 wait run", t(90)),
+        format!("acq {} 0.0.1 aaaa.0-x 1 0:1", t(100)),
+        format!("done {} 0.0.1 ok", t(1100)),
+        format!("begin {} 0.0.2 0 1 3000 wait run", t(z_queued - 10)),
+        format!(
+            "acq {} 0.0.2 aaaa.0-z {z_ticket} 0:{z_ticket}",
+            t(z_granted)
+        ),
+        format!("done {} 0.0.2 ok", t(z_done)),
+        format!("stop {}", t(1900)),
+    ];
+    write_log(dir, "w0.log", &w0);
+    write_worker1(dir, 490, 3000, g1, 2, g1 + 100, 1900);
+    let mut snaps = entry_names();
+    snaps.push("I 2 aaaa.0-z".to_owned());
+    for ms in (120..1700).step_by(40) {
+        let now = t(ms);
+        let renewed = now / MS + 400;
+        let mut entries = Vec::new();
+        let mut slots = Vec::new();
+        if ms < 1100 {
+            entries.push(holder(0, renewed, t(100) / MS, 1));
+            slots.push("0=0".to_owned());
+        }
+        if (500..g1).contains(&ms) {
+            entries.push(waiter(1, renewed, 2));
+        } else if (g1..g1 + 100).contains(&ms) {
+            entries.push(holder(1, renewed, t(g1) / MS, 2));
+            slots.push("0=1".to_owned());
+        }
+        if (z_queued..z_granted).contains(&ms) {
+            entries.push(waiter(2, renewed, z_ticket));
+        } else if (z_granted..z_done).contains(&ms) {
+            entries.push(holder(2, renewed, t(z_granted) / MS, z_ticket));
+            slots.push("0=2".to_owned());
+        }
+        snaps.push(snapshot(now, now, entries, slots));
+    }
+    write_log(dir, "snapshots.log", &snaps);
+    write_final_state(dir);
+    checker::check(dir).unwrap()
+}
+
+/// A newcomer granted while a live waiter with a lower ticket, queued before it, still
+/// waits breaks FIFO (the old checker judged only the limit after a lost `queue`).
+#[test]
+fn a_newcomer_granted_before_an_older_waiter_after_a_queue_loss_breaks_fifo() {
+    assert_violated(&check_order(Order::Overtaken), "fifo");
+}
+
+/// A ticket issued below a live waiter's, after `cfg` and `queue` were lost together, breaks
+/// FIFO (the old checker had no rule for it).
+#[test]
+fn a_ticket_issued_below_a_live_waiters_after_cfg_and_queue_are_lost_breaks_fifo() {
+    assert_violated(&check_order(Order::TicketRestart), "fifo");
+}
+
+/// Grants in ticket order across the loss are no violation.
+#[test]
+fn grants_in_ticket_order_across_a_queue_loss_keep_fifo() {
+    let r = check_order(Order::Kept);
+    assert!(!r.violation_counts.contains_key("fifo"), "{}", r.text());
+}

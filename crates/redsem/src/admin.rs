@@ -142,9 +142,12 @@ impl Client {
     ///
     /// A forced delete evicts like [`Semaphore::force_release`](crate::Semaphore::force_release):
     /// holders learn it at their next renewal (within one renewal interval) and their
-    /// permits are lost; waiters are queued again. A handle still open on it (in any process)
-    /// re-creates it, with its own limit, at its next call, as after a data loss: stop those
-    /// processes, or close their handles, to remove it for good. Fences never go back across
+    /// permits are lost with [`LostReason::Deleted`](crate::LostReason::Deleted); waiters
+    /// are queued again. When it evicted entries, it leaves a tombstone (the `own` key, with
+    /// a TTL of the longest lease left plus 10 s) so that their renewals and releases do not
+    /// re-create the semaphore; a deliberate use (an acquisition, opening a handle) still
+    /// does, with its own limit: stop those processes, or close their handles, to remove it
+    /// for good. Fences never go back across
     /// a delete and a re-create: a new grant's generation is at least Redis's clock in
     /// microseconds (see [`crate::fencing`]).
     ///

@@ -22,6 +22,10 @@ pub enum LostReason {
     /// no renewal can succeed, so the permit is given up at once. Pending acquisitions of the
     /// handle fail with [`Error::NoPermission`].
     Refused,
+    /// The semaphore was deleted while the permit was held (an operator's forced delete,
+    /// [`Client::delete_semaphore`](crate::Client::delete_semaphore) with `force`, or
+    /// `redsem delete --force`): the renewal found it gone, and did not re-create it.
+    Deleted,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -60,6 +64,7 @@ impl fmt::Display for LostReason {
             }
             LostReason::Shutdown => "the client was shut down (Client::shutdown) while it was held",
             LostReason::Refused => "Redis refused the renewal for lack of permission (ACL)",
+            LostReason::Deleted => "the semaphore was deleted (a forced delete) while it was held",
         })
     }
 }

@@ -18,7 +18,7 @@
 //! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
 //! | `redsem_renewals_total` | counter | | renewals of a handle that reached Redis (one per heartbeat, whatever the number of leases; the renewals of several handles may share one call) |
 //! | `redsem_renewals_failed_total` | counter | | renewals of a handle that failed or timed out (they are retried) |
-//! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable`, `shutdown` | permits lost (see [`LostReason`](crate::LostReason)) |
+//! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable`, `shutdown`, `refused`, `deleted` | permits lost (see [`LostReason`](crate::LostReason)) |
 //! | `redsem_expiries_reaped_total` | counter (absolute) | | leases of holders and waiters reaped on expiry since the semaphore was created, *server-wide*: set from [`Semaphore::stats`](crate::Semaphore::stats) |
 //! | `redsem_releases_abandoned_total` | counter | | background releases given up after retries (the entries expire with their leases) |
 //! | `redsem_local_waiters` | gauge | | acquisitions of this process waiting now |
@@ -164,6 +164,7 @@ mod imp {
             LostReason::Unreachable => "unreachable",
             LostReason::Shutdown => "shutdown",
             LostReason::Refused => "refused",
+            LostReason::Deleted => "deleted",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

@@ -77,7 +77,7 @@ async fn delete_is_refused_while_held_or_queued_and_forced_evicts() {
         let lost = tokio::time::timeout(Duration::from_secs(5), held.lost())
             .await
             .expect("the holder learnt of the forced delete");
-        assert_eq!(lost, LostReason::NotHolder);
+        assert_eq!(lost, LostReason::Deleted);
         // the waiter queued again (re-creating the semaphore, as after a data loss) and is
         // granted the slot the holder lost
         let p = tokio::time::timeout(Duration::from_secs(5), waiter)
@@ -111,5 +111,48 @@ async fn fences_never_go_back_across_a_delete_and_a_recreate() {
             "{:?}",
             server.cmd(&["KEYS", "*"])
         );
+    }
+}
+
+/// The reproduction: `delete --force` while held. The holder's renewal and its
+/// release must not re-create the semaphore (delete.lua leaves a tombstone they find), and
+/// the holder learns that its permit is gone because the semaphore was deleted.
+#[tokio::test]
+async fn a_forced_delete_is_not_undone_by_the_evicted_holders_renewal_and_release() {
+    for server in servers() {
+        let name = "del-held";
+        let user = client(&server).await;
+        let sem = user
+            .semaphore(name, 2)
+            .lease(Duration::from_millis(900))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let admin = client(&server).await;
+        assert_eq!(admin.delete_semaphore(name, true).await.unwrap(), 1);
+        let lost = tokio::time::timeout(Duration::from_secs(5), held.lost())
+            .await
+            .expect("the holder learnt of the forced delete");
+        assert_eq!(lost, LostReason::Deleted, "{}", server.flavor());
+        let _ = held.release().await; // (the lost permit is released all the same)
+        // a few more renewal intervals of the handle (it still has its sessions)
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        user.shutdown().await;
+        let cfg = format!("redsem:{{{name}}}:cfg");
+        assert_eq!(
+            server.cmd(&["EXISTS", &cfg]).as_int(),
+            Some(0),
+            "{}: the semaphore was re-created: {:?}",
+            server.flavor(),
+            server.cmd(&["KEYS", "*"])
+        );
+        assert!(admin.list_semaphores().await.unwrap().is_empty());
+        // a deliberate use re-creates it, without the tombstone
+        let again = open(&admin, name, 3, Duration::from_secs(3)).await;
+        assert_eq!(again.limit(), 3);
+        let own = format!("redsem:{{{name}}}:own");
+        assert_eq!(server.cmd(&["PTTL", &own]).as_int(), Some(-1));
+        drop(again.acquire().await.unwrap());
     }
 }

@@ -256,3 +256,213 @@ async fn a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant() {
         assert!(next.fences()[0].generation > old_fence.generation);
     }
 }
+
+/// A script of the crate, as a client sends it (the prelude, a newline, its body).
+fn script(body: &str) -> String {
+    format!("{}\n{body}", include_str!("../src/scripts/prelude.lua"))
+}
+
+/// Runs `body` on the semaphore `name` as a client would (the seven keys, the common header
+/// with `limit`, then `args`).
+fn raw(server: &Server, name: &str, limit: u32, body: &str, args: &[&str]) -> Reply {
+    let text = script(body);
+    let keys: Vec<String> = KEYS
+        .iter()
+        .map(|k| format!("redsem:{{{name}}}:{k}"))
+        .collect();
+    let base = format!("redsem:{{{name}}}:c:");
+    let limit = limit.to_string();
+    let mut cmd: Vec<&str> = vec!["EVAL", &text, "7"];
+    cmd.extend(keys.iter().map(String::as_str));
+    cmd.extend([limit.as_str(), base.as_str(), "PUBLISH"]);
+    cmd.extend_from_slice(args);
+    server.cmd(&cmd)
+}
+
+/// What a client that crashed while holding leaves: an entry `id` of the handle `suffix`
+/// holding one permit, with a lease of `lease_ms`, that nobody renews or releases.
+fn crashed_holder(server: &Server, name: &str, limit: u32, suffix: &str, id: &str, lease_ms: u32) {
+    let lease = lease_ms.to_string();
+    let r = raw(
+        server,
+        name,
+        limit,
+        include_str!("../src/scripts/acquire.lua"),
+        &["1", id, "1", &lease, &lease, suffix, "crashed", "try"],
+    );
+    assert!(
+        format!("{r:?}").starts_with("Array([Array([Int(1)"),
+        "not granted: {r:?}"
+    );
+}
+
+fn has_record(server: &Server, name: &str, id: &str) -> bool {
+    server
+        .cmd(&["HEXISTS", &format!("redsem:{{{name}}}:meta"), id])
+        .as_int()
+        == Some(1)
+}
+
+/// The issue's reproduction: a holder is killed, then `exp` is lost, while another handle
+/// keeps acquiring and releasing (and never opens a handle or asks for stats). The killed
+/// holder's entry must expire one lease after the loss: the first script after it finds the
+/// lease set's marker gone and gives every session of the index a lease again.
+#[tokio::test]
+async fn a_crashed_holder_expires_after_its_lease_when_exp_is_lost() {
+    for server in servers() {
+        let name = "exp-lost-crashed";
+        let client = client(&server).await;
+        let sem = client
+            .semaphore(name, 2)
+            .lease(Duration::from_secs(3))
+            .open()
+            .await
+            .unwrap();
+        crashed_holder(&server, name, 2, "dead.0", "dead.0-1", 1000);
+        server.cmd(&["DEL", &format!("redsem:{{{name}}}:exp")]);
+        let lost = Instant::now();
+        let mut acquisitions = 0;
+        while has_record(&server, name, "dead.0-1") && lost.elapsed() < Duration::from_secs(6) {
+            sem.acquire().await.unwrap().release().await.unwrap();
+            acquisitions += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !has_record(&server, name, "dead.0-1"),
+            "{}: the crashed holder's entry lived on for {:?} ({acquisitions} acquisitions) after `exp` was lost",
+            server.flavor(),
+            lost.elapsed()
+        );
+        // both slots are free again
+        let both = sem.try_acquire_many(2).await.unwrap();
+        drop(both);
+    }
+}
+
+/// The issue's reproduction: A holds (limit 1), B waits, `queue` is lost, A releases, and C
+/// tries. B must be granted (the release finds the queue shorter than its count and puts
+/// every waiter back at its ticket), and C must not get in before it.
+#[tokio::test]
+async fn fifo_holds_after_the_queue_is_lost() {
+    for server in servers() {
+        let name = "queue-lost-fifo";
+        let handle = |c: redsem::Client| async move {
+            c.semaphore(name, 1)
+                .lease(Duration::from_secs(30))
+                .renew_every(Duration::from_secs(10))
+                .fallback_poll(Duration::from_secs(30))
+                .open()
+                .await
+                .unwrap()
+        };
+        let (a, b, c) = (
+            handle(client(&server).await).await,
+            handle(client(&server).await).await,
+            handle(client(&server).await).await,
+        );
+        let held = a.acquire().await.unwrap();
+        let waiting = tokio::spawn(async move { b.acquire().await.unwrap() });
+        assert!(eventually(Duration::from_secs(5), || card(&server, name, "queue") == 1).await);
+        server.cmd(&["DEL", &format!("redsem:{{{name}}}:queue")]);
+        held.release().await.unwrap();
+        let granted = tokio::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{}: the waiter was not granted the slot its predecessor released",
+                    server.flavor()
+                )
+            })
+            .unwrap();
+        assert_eq!(granted.ticket(), 2);
+        match c.try_acquire().await {
+            Err(redsem::Error::NoPermits { .. }) => {}
+            other => panic!("{}: a newcomer got in: {other:?}", server.flavor()),
+        }
+    }
+}
+
+/// The issue's reproduction: A holds, B waits with ticket 2, `cfg` and `queue` are lost,
+/// C queues. C's ticket must come after B's (the re-created configuration continues above
+/// every ticket of the records), and B is granted first.
+#[tokio::test]
+async fn tickets_continue_above_live_ones_after_cfg_and_queue_are_lost() {
+    for server in servers() {
+        let name = "cfg-queue-lost";
+        let client = client(&server).await;
+        let sem = client
+            .semaphore(name, 1)
+            .lease(Duration::from_secs(30))
+            .renew_every(Duration::from_secs(10))
+            .fallback_poll(Duration::from_secs(30))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let b = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, name, "queue") == 1).await);
+        for key in ["cfg", "queue"] {
+            server.cmd(&["DEL", &format!("redsem:{{{name}}}:{key}")]);
+        }
+        let c = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await.unwrap() })
+        };
+        assert!(eventually(Duration::from_secs(5), || card(&server, name, "queue") == 2).await);
+        held.release().await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(3), b)
+            .await
+            .unwrap_or_else(|_| panic!("{}: B was not served first", server.flavor()))
+            .unwrap();
+        assert_eq!(first.ticket(), 2);
+        assert!(!c.is_finished(), "{}: C was granted too", server.flavor());
+        first.release().await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(3), c)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second.ticket() > 2, "C's ticket {}", second.ticket());
+    }
+}
+
+/// Suspected in the issue, confirmed: with `own` lost, a closing handle ends its session
+/// although an entry of it still exists (one its client does not know of, e.g. an acquire
+/// that failed on the client while Redis ran it), and that entry, without a lease, is never
+/// reaped. The release finds the index's marker gone and rebuilds it first: the session is
+/// not ended, and its entry expires with its lease.
+#[tokio::test]
+async fn ending_a_session_after_own_is_lost_keeps_its_entries_leases() {
+    for server in servers() {
+        let name = "own-lost-close";
+        let client = client(&server).await;
+        let sem = client
+            .semaphore(name, 2)
+            .lease(Duration::from_secs(3))
+            .open()
+            .await
+            .unwrap();
+        crashed_holder(&server, name, 2, "gone.0", "gone.0-1", 1000);
+        server.cmd(&["DEL", &format!("redsem:{{{name}}}:own")]);
+        // its client closes the handle: ends the session, releasing nothing it knows of
+        raw(
+            &server,
+            name,
+            2,
+            include_str!("../src/scripts/release.lua"),
+            &["0", "1", "0", "gone.0~1000"],
+        );
+        let lost = Instant::now();
+        while has_record(&server, name, "gone.0-1") && lost.elapsed() < Duration::from_secs(5) {
+            sem.acquire().await.unwrap().release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !has_record(&server, name, "gone.0-1"),
+            "{}: the entry of the ended session was never reaped",
+            server.flavor()
+        );
+    }
+}

@@ -32,13 +32,16 @@
 //!    exited and the leases ran out.
 //! 9. `liveness` (`liveness.rs`): every worker exits on SIGTERM, none crashes, every acquire
 //!    returns.
+//! 10. `fifo` (`fifo.rs`): tickets are issued in arrival order and granted in ticket order
+//!     (no waiter overtaken), after a loss of `queue` or `cfg` too.
 //!
 //! The other files: `logs.rs` (the runner's and the workers' logs, parsed), `snapshots.rs`
-//! (the one pass over `snapshots.log` that feeds properties 1, 5 and 6 and records what
+//! (the one pass over `snapshots.log` that feeds properties 1, 5, 6 and 10 and records what
 //! Redis held for each op), `report.rs` (the figures and the violations).
 
 mod cleanup;
 mod fencing;
+mod fifo;
 mod limit_believed;
 mod limit_in_redis;
 mod liveness;

@@ -7,6 +7,12 @@
 //! due and reap it. It is extended only by what delays that:
 //! - a renewal the dead process had in flight, held up by a fault (its command connection
 //!   black-holed or slowed, Redis asleep), extends the lease from the end of that fault;
+//! - a loss of the semaphore's lease set (`key-loss` of `exp`) while the entry is still
+//!   there (its lease may even have run out unreaped): the next script (a renewal of a live
+//!   worker, within one renewal interval while anyone holds, or one fallback interval while
+//!   anyone waits; later if Redis answered nobody meanwhile) gives every session of the
+//!   index a lease again from then (docs/PROTOCOL.md, "Lost keys"), so the bound is one
+//!   lease after that, from the snapshots after the loss on;
 //! - a waiter that cannot act is no evidence: only live waiters whose process was not
 //!   paused, stalled or cut off from Redis since the kill (or the end of that fault) count,
 //!   and nothing is judged while Redis answers nobody.
@@ -45,6 +51,8 @@ pub(super) struct Recovery {
     dead: HashMap<u32, DeadEntry>,
     /// killed worker → the bound for its entries
     deadline_of: HashMap<u32, i64>,
+    /// per semaphore, each loss of its lease set: (when, the bound of its entries from then)
+    leases_lost: Vec<Vec<(i64, i64)>>,
 }
 
 impl Recovery {
@@ -73,9 +81,32 @@ impl Recovery {
             }
             deadline_of.insert(id, latest + t.lease + t.slack);
         }
+        let global = logs.global_halts();
+        let leases_lost = logs
+            .cfg
+            .sems
+            .iter()
+            .map(|spec| {
+                let tag = format!("sem={},key=exp,", spec.name);
+                logs.faults
+                    .iter()
+                    .filter(|f| f.kind == FaultKind::KeyLoss && f.detail.starts_with(&tag))
+                    .map(|f| {
+                        let mut restored = f.t1 + t.fallback.max(t.renew);
+                        for &(a, b) in &global {
+                            if a <= restored && b >= f.t0 {
+                                restored = restored.max(b + t.fallback.max(t.renew));
+                            }
+                        }
+                        (f.t0, restored + t.lease + t.slack)
+                    })
+                    .collect()
+            })
+            .collect();
         Recovery {
             dead: HashMap::new(),
             deadline_of,
+            leases_lost,
         }
     }
 
@@ -108,6 +139,12 @@ impl Recovery {
             let Some(&deadline) = self.deadline_of.get(&w) else {
                 continue;
             };
+            // (a loss of the lease set since the kill gives the entry a lease again)
+            let killed_at = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
+            let deadline = self.leases_lost[sem]
+                .iter()
+                .filter(|&&(at, _)| at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now)
+                .fold(deadline, |d, &(_, bound)| d.max(bound));
             let killed = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
             if now < killed {
                 continue;
@@ -189,7 +226,10 @@ impl Recovery {
                 .deadline_of
                 .get(&d.worker)
                 .is_some_and(|&dl| dl > d.killed + t.lease + t.slack)
-                || overlaps(global, d.killed, gone);
+                || overlaps(global, d.killed, gone)
+                || self.leases_lost[d.sem]
+                    .iter()
+                    .any(|&(at, _)| at >= d.killed - t.lease && at <= gone);
             if d.demand && d.held && !held_up {
                 if std::env::var_os("REDSEM_CHAOS_DEBUG").is_some()
                     && gone - d.killed > t.lease + t.slack

@@ -1,6 +1,7 @@
 //! The one pass over `snapshots.log` (see `snapshot.rs` for its format), in order: each
 //! snapshot of a semaphore is checked by properties 1 (`limit_in_redis.rs`), 5
-//! (`recovery.rs`) and the first half of 6 (`wait_while_free.rs`), and recorded, for each op
+//! (`recovery.rs`), the first half of 6 (`wait_while_free.rs`) and 10 (`fifo.rs`), and
+//! recorded, for each op
 //! it may matter to, as an observation (was its lease valid in Redis then?) that properties
 //! 3 and 4 read afterwards.
 //!
@@ -14,10 +15,12 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use super::fifo::Fifo;
 use super::logs::{Logs, num};
 use super::report::Report;
 use super::wait_while_free::FreeWaits;
 use super::{limit_in_redis, overlaps, recovery::Recovery};
+use crate::config::FaultKind;
 use crate::runner::epoch_of;
 
 /// One entry (holder or waiter) of a semaphore in a snapshot.
@@ -33,6 +36,8 @@ pub(super) struct Entry {
     pub(super) n: i64,
     /// Redis time of its grant (ms; `-1`: not granted).
     pub(super) granted_ms: i64,
+    /// Its ticket (`-1`: unknown, its record is gone).
+    pub(super) ticket: i64,
     /// The slots it holds.
     pub(super) slots: Vec<u32>,
     /// Their generations (same order; empty for a waiter).
@@ -50,6 +55,7 @@ fn parse_entry(s: &str) -> Option<Entry> {
         queue: f[2].parse().ok()?,
         n: f[3].parse().ok()?,
         granted_ms: f[4].parse().ok()?,
+        ticket: f[5].parse().ok()?,
         slots: if f[6] == "-" {
             Vec::new()
         } else {
@@ -77,12 +83,24 @@ pub(super) struct Snapshot {
     pub(super) entries: Vec<Entry>,
     /// The slot table: slot → entry.
     pub(super) slot_table: HashMap<u32, u32>,
+    /// The history of the keys it belongs to (restarts and failovers so far).
+    pub(super) epoch: u32,
+    /// Its lease set (`exp`) was lost a moment ago (`key-loss`), and the next script may not
+    /// have restored it yet: until then nothing can be reaped, so an entry without a lease
+    /// counts as valid (the repair bound: the next script on the semaphore, within one
+    /// renewal interval while anyone holds, one fallback interval while anyone waits).
+    pub(super) leases_lost: bool,
 }
 
 impl Snapshot {
     /// Parses an `S` line; `None` for another line, an unknown semaphore, or a snapshot that
     /// overlapped a restart.
-    fn parse(f: &[&str], logs: &Logs, restarts: &[(i64, i64)]) -> Option<Snapshot> {
+    fn parse(
+        f: &[&str],
+        logs: &Logs,
+        restarts: &[(i64, i64)],
+        exp_lost: &[Vec<(i64, i64)>],
+    ) -> Option<Snapshot> {
         if f[0] != "S" || f.len() != 8 {
             return None;
         }
@@ -95,7 +113,7 @@ impl Snapshot {
             return None;
         };
         let spec = logs.cfg.sems.get(sem)?;
-        epoch_of(restarts, sent, recv)?;
+        let epoch = epoch_of(restarts, sent, recv)?;
         // Redis's clock, stepped (`clock-step`), as real time: the snapshot's by the offset
         // it answered under (skipped if a step came meanwhile), the leases' expiries and
         // the grants' times by when Redis's clock reached them, so that validity (an
@@ -138,12 +156,15 @@ impl Snapshot {
             limit: i64::from(spec.limit),
             entries,
             slot_table,
+            epoch,
+            leases_lost: exp_lost.get(sem).is_some_and(|w| overlaps(w, now, now)),
         })
     }
 
-    /// Whether `e`'s lease is valid at this snapshot: it expires later.
+    /// Whether `e`'s lease is valid at this snapshot: it expires later (or it has none
+    /// because the lease set was just lost: see `leases_lost`).
     pub(super) fn valid(&self, e: &Entry) -> bool {
-        e.exp_ms > self.now / 1000
+        e.exp_ms > self.now / 1000 || (e.exp_ms == -1 && self.leases_lost)
     }
 
     /// The holders with valid leases.
@@ -339,11 +360,28 @@ impl Observations {
 pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(dir.join("snapshots.log")).context("snapshots.log")?;
     let restarts = logs.restart_pairs();
+    // per semaphore, the windows after a loss of its lease set before the next script must
+    // have restored it (see `Snapshot::leases_lost`)
+    let t = logs.t;
+    let exp_lost: Vec<Vec<(i64, i64)>> = logs
+        .cfg
+        .sems
+        .iter()
+        .map(|spec| {
+            let tag = format!("sem={},key=exp,", spec.name);
+            logs.faults
+                .iter()
+                .filter(|f| f.kind == FaultKind::KeyLoss && f.detail.starts_with(&tag))
+                .map(|f| (f.t0, f.t1 + t.fallback.max(t.renew) + t.slack))
+                .collect()
+        })
+        .collect();
     let mut ids = Ids::default();
     let mut excuses = Excuses::new(logs);
     let mut observations = Observations::new(logs);
     let mut recovery = Recovery::new(logs);
     let mut free = FreeWaits::new(logs.cfg.sems.len());
+    let mut fifo = Fifo::new(logs.cfg.sems.len());
 
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
@@ -357,7 +395,7 @@ pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Resu
             }
             continue;
         }
-        let Some(s) = Snapshot::parse(&f, logs, &restarts) else {
+        let Some(s) = Snapshot::parse(&f, logs, &restarts, &exp_lost) else {
             continue;
         };
         r.snapshots += 1;
@@ -365,6 +403,7 @@ pub(super) fn check(dir: &Path, logs: &mut Logs, r: &mut Report) -> anyhow::Resu
         observations.record(&s, logs);
         recovery.observe(logs, &s, &ids, &mut excuses, r);
         free.observe(logs, &s, &ids, &mut excuses, r);
+        fifo.observe(&s, s.epoch, &ids, r);
     }
     free.finish(logs, &ids, &mut excuses, r);
     recovery.finish(logs, &ids, excuses.global(), r);

@@ -366,30 +366,36 @@ async fn inject(
             // which semaphore and which key, from the seed
             let sems = &shared.cfg.sems;
             let sem = &sems[(target % sems.len() as u64) as usize].name;
-            const LOST: [(&str, usize); 5] = [
-                ("meta", 3),
-                ("free", 5),
-                ("own", 6),
-                ("cfg", 0),
-                ("queue", 1),
+            // the keys lost (indexes in the layout's order), alone or together
+            const LOST: [(&str, &[usize]); 7] = [
+                ("meta", &[3]),
+                ("free", &[5]),
+                ("own", &[6]),
+                ("cfg", &[0]),
+                ("queue", &[1]),
+                ("exp", &[2]),
+                ("cfg+queue", &[0, 1]),
             ];
-            let (key_name, index) = LOST[(extra % LOST.len() as u64) as usize];
+            let (key_name, lost) = LOST[(extra % LOST.len() as u64) as usize];
             let Ok(keys) = shared.cfg.keys(sem) else {
                 return;
             };
-            let key = keys[index].clone();
             let meta = keys[3].clone();
+            let mut args = vec![
+                "EVAL".to_owned(),
+                "local ids = redis.call('HKEYS', KEYS[1]); \
+                 redis.call('DEL', unpack(KEYS, 2)); return ids"
+                    .to_owned(),
+                (1 + lost.len()).to_string(),
+                meta,
+            ];
+            args.extend(lost.iter().map(|&i| keys[i].clone()));
             let t0 = now_us();
             // the records' ids (holders learn of the loss like of a force_release) and the
-            // key gone, in one atomic call
+            // keys gone, in one atomic call
             let r = tokio::task::spawn_blocking(move || {
-                server.lock().unwrap().try_cmd(&[
-                    "EVAL",
-                    "local ids = redis.call('HKEYS', KEYS[2]); redis.call('DEL', KEYS[1]); return ids",
-                    "2",
-                    &key,
-                    &meta,
-                ])
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                server.lock().unwrap().try_cmd(&args)
             })
             .await;
             let detail = match r {

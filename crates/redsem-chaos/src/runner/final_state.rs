@@ -104,6 +104,8 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
             .arg("WITHSCORES")
             .query_async(&mut conn)
             .await?;
+        // (not the lease set's marker `#`, which never expires)
+        let exp: Vec<(String, f64)> = exp.into_iter().filter(|(sid, _)| sid != "#").collect();
         let sessions: HashSet<&str> = exp.iter().map(|(sid, _)| sid.as_str()).collect();
         let index: Vec<String> = redis::cmd("ZRANGE")
             .arg(own)
@@ -175,10 +177,21 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     for s in &cfg.sems {
         let [cfg_key, queue, exp, meta, slots, free, _] = cfg.keys(&s.name)?;
         for key in [queue, exp, meta, slots] {
-            let exists: i64 = redis::cmd("EXISTS")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await?;
+            // members left (of `exp`, not its marker `#`, whose score +inf stays with the
+            // configuration); fields of a hash
+            let exists: i64 = if key.ends_with(":queue") || key.ends_with(":exp") {
+                redis::cmd("ZCOUNT")
+                    .arg(&key)
+                    .arg("-inf")
+                    .arg("(+inf")
+                    .query_async(&mut conn)
+                    .await?
+            } else {
+                redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await?
+            };
             if exists != 0 {
                 st.after_reap
                     .push(format!("{}: key {key} still exists", s.name));

@@ -476,6 +476,11 @@ async fn renew_call(
                 }
             }
             let (h_states, w_states) = renewal.states.split_at(holders.len());
+            let gone = if renewal.deleted {
+                LostReason::Deleted
+            } else {
+                LostReason::NotHolder
+            };
             for ((id, lease), state) in holders.iter().zip(h_states) {
                 match state {
                     // granted again under the same id after Redis lost this grant
@@ -484,9 +489,7 @@ async fn renew_call(
                     }
                     EntryState::Held(_) if replicated => lease.renewed(sent, now),
                     EntryState::Held(_) => {}
-                    EntryState::Gone | EntryState::Waiting => {
-                        lose(hb, id, lease, LostReason::NotHolder);
-                    }
+                    EntryState::Gone | EntryState::Waiting => lose(hb, id, lease, gone),
                 }
             }
             for (id, state) in waiters.iter().zip(w_states) {

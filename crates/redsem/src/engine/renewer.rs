@@ -297,6 +297,7 @@ mod tests {
             had_lease: Vec::new(),
             head: None,
             removed: Vec::new(),
+            deleted: false,
         }
     }
 

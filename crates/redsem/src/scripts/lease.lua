@@ -7,7 +7,9 @@
 --                                   data), or not a holder
 local now = now_ms()
 check_zset(K_OWN)
+ONLY_EXISTING = true
 local limit = load_limit()
+if not limit then return { -1 } end -- deleted (delete.lua): not re-created
 settle(now, limit, false)
 local id = ARGV[4]
 local m = get_meta(id)

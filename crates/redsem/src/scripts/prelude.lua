@@ -2,9 +2,10 @@
 --
 -- KEYS (all under one hash tag, see keys.rs):
 --   1 cfg    hash  limit, ver, seq (last ticket), gen (last fence generation), grants, expired,
---                  repairs
+--                  repairs, qlen (the number of members of queue: its loss is detected by it)
 --   2 queue  zset  waiting tickets: member = id, score = ticket number (FIFO order)
---   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME)
+--   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME); '#'
+--                  (score +inf, never expires) marks it as complete (its loss is detected by it)
 --   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
 --                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
 --                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
@@ -14,7 +15,9 @@
 --                  '<session>|<id>' for a live entry; '<session>|!<id>' for an entry an
 --                  operator removed (a forced release) and '<session>|!!<id>' for a waiter
 --                  rejected after a shrink, until its session learns it; '#' marks the index
---                  as complete (its loss is detected by it)
+--                  as complete (its loss is detected by it); '!deleted' (with a TTL, alone in
+--                  the key) marks a semaphore delete.lua removed while entries were left,
+--                  which renewals and releases do not re-create
 -- A session is the liveness of one client handle for one lease length: '<c>~<lease ms>'. A
 -- waiter belongs to the session '<c>~<w>', a holder to '<c>~<l>'. The client renews its
 -- sessions, not its entries; when a session's lease passes, all its entries are reaped.
@@ -61,6 +64,14 @@ end
 -- one call per ticket, grant and generation).
 local SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
 local CFG_DIRTY = false
+-- The number of members of `queue`, kept in cfg.qlen by every write of the queue (the
+-- replies of ZADD and ZREM count what changed): a queue shorter than qlen was lost
+-- (check_lost).
+local QLEN = 0
+-- Set by the scripts that serve the entries of an existing semaphore (renew, release,
+-- lease) before load_limit: a semaphore that delete.lua removed while entries were left (its
+-- tombstone '!deleted' in `own`) is then not re-created, and load_limit returns nil.
+local ONLY_EXISTING = false
 
 -- Calls f with `list` in pieces of at most 4000 elements (Lua's unpack takes about 8000).
 local function in_chunks(list, f)
@@ -74,6 +85,19 @@ local function in_chunks(list, f)
   end
 end
 
+-- Queues `id` under `ticket`.
+local function queue_add(ticket, id)
+  QLEN = QLEN + redis.call('ZADD', K_QUEUE, ticket, id)
+  CFG_DIRTY = true
+end
+
+-- Removes the ids `list` from the queue (any number).
+local function queue_remove(list)
+  if #list == 0 then return end
+  in_chunks(list, function(a) QLEN = QLEN - redis.call('ZREM', K_QUEUE, unpack(a)) end)
+  CFG_DIRTY = true
+end
+
 -- The writes of a batch (acquire.lua): while BUF is set (a table as below), write_entry
 -- gathers the records, slot mappings, index entries, queue entries and session leases it
 -- writes there, and flush() makes them with one command per key instead of one per entry.
@@ -85,7 +109,10 @@ local function flush()
   if not b then return end
   BUF = nil
   in_chunks(b.slots, function(a) redis.call('HSET', K_SLOTS, unpack(a)) end)
-  in_chunks(b.queue, function(a) redis.call('ZADD', K_QUEUE, unpack(a)) end)
+  in_chunks(b.queue, function(a)
+    QLEN = QLEN + redis.call('ZADD', K_QUEUE, unpack(a))
+    CFG_DIRTY = true
+  end)
   in_chunks(b.own, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
   for _, sid in ipairs(b.sids) do redis.call('ZADD', K_EXP, 'GT', b.exp[sid], sid) end
   in_chunks(b.meta, function(a) redis.call('HSET', K_META, unpack(a)) end)
@@ -122,7 +149,7 @@ local function write_entry(id, m, map, ticket, sid, until_ms)
     return
   end
   if map then redis.call('HSET', K_SLOTS, unpack(map)) end
-  if ticket then redis.call('ZADD', K_QUEUE, ticket, id) end
+  if ticket then queue_add(ticket, id) end
   if sid then
     redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
@@ -169,11 +196,11 @@ local function finish()
   if CFG_DIRTY then
     if EXPIRED + REPAIRS == 0 then
       redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
-        'grants', string.format('%d', GRANTS))
+        'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN))
     else
       redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
         'grants', string.format('%d', GRANTS), 'expired', string.format('%d', EXPIRED),
-        'repairs', string.format('%d', REPAIRS))
+        'repairs', string.format('%d', REPAIRS), 'qlen', string.format('%d', QLEN))
     end
     CFG_DIRTY = false
   end
@@ -294,19 +321,50 @@ local function rare()
     return tonumber(string.match(sid, '~(%d+)$')) or 0
   end
 
-  -- A session with entries but no lease: the `exp` key was lost. Every session of the index
-  -- gets a lease again (from now), so that the entries of crashed processes expire again.
-  function R.restore_sessions(now)
+  -- The lease set lost its marker: the `exp` key was lost (or was written before the marker
+  -- existed: `quiet`, nothing is counted unless a session needed its lease back). Every
+  -- session of the index gets a lease again (from now), so that the entries of crashed
+  -- processes expire again. O(entries), once after a loss.
+  function R.restore_sessions(now, quiet)
     check_all()
     R.check_index()
-    R.count_repair()
+    local restored = false
     for _, mem in ipairs(redis.call('ZRANGE', K_OWN, 0, -1)) do
       local bar = string.find(mem, '|', 1, true)
       if bar then
         local sid = string.sub(mem, 1, bar - 1)
-        redis.call('ZADD', K_EXP, 'NX', now + lease_of(sid), sid)
+        if redis.call('ZADD', K_EXP, 'NX', now + lease_of(sid), sid) == 1 then restored = true end
       end
     end
+    redis.call('ZADD', K_EXP, '+inf', '#')
+    if restored or not quiet then R.count_repair() end
+  end
+
+  -- The queue is shorter than cfg.qlen says: the `queue` key was lost. Every waiter record
+  -- goes back at its own ticket, so that FIFO order holds. O(entries), once after a loss.
+  function R.restore_queue()
+    check_all()
+    R.count_repair()
+    local metas = redis.call('HGETALL', K_META)
+    for j = 1, #metas, 2 do
+      local m = cjson.decode(metas[j + 1])
+      if not m.s then redis.call('ZADD', K_QUEUE, m.t, metas[j]) end
+    end
+    QLEN = redis.call('ZCARD', K_QUEUE)
+    CFG_DIRTY = true
+  end
+
+  -- The highest ticket of the records and the queue (a configuration re-created while entries
+  -- remain continues above it). O(entries).
+  function R.highest_ticket()
+    local top = 0
+    for _, raw in ipairs(redis.call('HVALS', K_META)) do
+      local t = cjson.decode(raw).t
+      if t and t > top then top = t end
+    end
+    local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
+    if #last > 0 and tonumber(last[2]) > top then top = tonumber(last[2]) end
+    return top
   end
 
   -- Reaps the expired sessions `dead`: every entry of each (at most 512 per call; a session
@@ -378,7 +436,7 @@ local function rare()
       if redis.call('ZADD', K_OWN, 0, sid .. '|' .. id) == 1 then fixed = true end
       if redis.call('ZADD', K_EXP, 'NX', now + (m.s and m.l or m.w), sid) == 1 then fixed = true end
       if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
-        redis.call('ZADD', K_QUEUE, m.t, id)
+        queue_add(m.t, id)
         fixed = true
       end
     end
@@ -433,10 +491,10 @@ drop_entry = function(id, m, limit, tomb)
         if s < limit then redis.call('ZADD', K_FREE, s, s) end
       end
     else
-      redis.call('ZREM', K_QUEUE, id)
+      queue_remove({ id })
     end
   else
-    redis.call('ZREM', K_QUEUE, id)
+    queue_remove({ id })
     rare().free_slots_of(id, limit)
   end
 end
@@ -485,10 +543,27 @@ local function check_ours(limit, ver)
   end
 end
 
+-- Key loss is detected by every script, in O(1) per call, where it must not go unnoticed
+-- (docs/PROTOCOL.md, "Lost keys"): the index and the lease set carry a marker `#`, and the
+-- queue's length is counted in cfg.qlen. Each repair runs once, after the loss.
+-- (`own` first: the lease set is restored from the index.)
+local function check_lost(quiet)
+  local index = redis.call('ZSCORE', K_OWN, '#')
+  local leases = redis.call('ZSCORE', K_EXP, '#')
+  local queue = redis.call('ZCARD', K_QUEUE) == QLEN
+  if index and leases and queue then return end
+  check_all() -- (before the first write of a repair)
+  if not index then rare().check_index() end
+  if not leases then rare().restore_sessions(now_ms(), quiet) end
+  if not queue then rare().restore_queue() end
+end
+
 -- The stored limit; (re)creates the configuration and the free-slot set when missing.
--- Every script calls it before its first write.
+-- Every script calls it before its first write. With ONLY_EXISTING, returns nil instead of
+-- re-creating a semaphore that delete.lua removed (its tombstone is in `own`).
 local function load_limit()
-  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs')
+  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
+    'qlen')
   check_ours(cfg[1], cfg[2])
   if cfg[1] then
     if tonumber(cfg[2] or '1') ~= PROTOCOL then
@@ -497,25 +572,45 @@ local function load_limit()
     end
     SEQ, GEN, GRANTS = tonumber(cfg[3] or '0'), tonumber(cfg[4] or '0'), tonumber(cfg[5] or '0')
     EXPIRED, REPAIRS = tonumber(cfg[6] or '0'), tonumber(cfg[7] or '0')
+    -- (a semaphore created before cfg.qlen and the lease set's marker existed gets them now,
+    -- without counting a repair)
+    local before = cfg[8] == false
+    if before then
+      QLEN = redis.call('ZCARD', K_QUEUE)
+      CFG_DIRTY = true
+    else
+      QLEN = tonumber(cfg[8])
+    end
+    check_lost(before)
     return tonumber(cfg[1])
   end
   check_all()
+  if redis.call('ZSCORE', K_OWN, '!deleted') then
+    -- deleted by delete.lua while entries were left: not a lost key
+    if ONLY_EXISTING then return nil end
+    redis.call('DEL', K_OWN) -- (the tombstone, and its TTL)
+  end
   local l = tonumber(A[1])
   CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
-  -- A configuration lost while entries remain (eviction, a DEL): tickets go on after the
-  -- highest one queued, so that no new ticket jumps the queue; generations go on from Redis
-  -- TIME (next_generation); the slot map and free set are rebuilt from the records (a repair).
-  local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
-  if #last > 0 then SEQ = tonumber(last[2]) end
   CFG_DIRTY = true
   if redis.call('HLEN', K_META) > 0 or redis.call('HLEN', K_SLOTS) > 0 then
-    rare().repair(l)
+    -- A configuration lost while entries remain (eviction, a DEL): tickets go on above every
+    -- ticket of the records and the queue, so that no new ticket jumps the queue (a lost
+    -- queue too is rebuilt from the records, each waiter at its ticket); generations go on
+    -- from Redis TIME (next_generation); the slot map and free set are rebuilt from the
+    -- records (a repair); a lost lease set is restored by check_lost.
+    SEQ = rare().highest_ticket()
     rare().check_index()
+    rare().repair(l)
+    rare().restore_queue()
+    check_lost(false)
   else
     redis.call('DEL', K_FREE)
     for s = 0, l - 1 do redis.call('ZADD', K_FREE, s, s) end
     redis.call('ZADD', K_OWN, 0, '#')
+    redis.call('ZADD', K_EXP, '+inf', '#')
+    QLEN = redis.call('ZCARD', K_QUEUE)
   end
   return l
 end
@@ -548,7 +643,7 @@ local function grant(id, m, now, fresh, limit)
   if fresh then
     write_entry(id, m, map, nil, sess_of(m), now + m.l)
   else
-    redis.call('ZREM', K_QUEUE, id)
+    queue_remove({ id })
     if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
     write_entry(id, m, map)
   end
@@ -567,7 +662,7 @@ local function pump(now, limit)
     used = used or held_count()
     local m = get_meta(head)
     if not m then
-      redis.call('ZREM', K_QUEUE, head)
+      queue_remove({ head })
     elseif m.n > limit then
       -- can never be satisfied (the limit shrank below the request): reject it
       drop_entry(head, m, limit, TOMB_REJECTED)
@@ -627,7 +722,7 @@ end
 -- capacity without a notification), or -1 when there is none.
 local function next_expiry(now)
   local e = redis.call('ZRANGE', K_EXP, 0, 0, 'WITHSCORES')
-  if #e == 0 then return -1 end
+  if #e == 0 or e[1] == '#' then return -1 end
   local d = tonumber(e[2]) - now
   if d < 0 then d = 0 end
   return d

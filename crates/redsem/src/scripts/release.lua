@@ -20,7 +20,12 @@ local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
 check_zset(K_OWN); check_hash(K_SLOTS); check_zset(K_FREE); check_zset(K_QUEUE)
 if k > 0 then check_zset(K_EXP) end
+ONLY_EXISTING = true
 local limit = load_limit()
+if not limit then -- deleted (delete.lua): nothing left, nothing re-created
+  if ARGV[4] == '2' then return { 0, 0 } end
+  return 0
+end
 local force = ARGV[4] == '1' or ARGV[4] == '2'
 local removed, unknown = 0, false
 local waiters = {} -- the waiters removed by force, as {id, record}
@@ -86,7 +91,7 @@ elseif #ids > 1 then
     in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
     in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
     in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
-    in_chunks(unqueue, function(a) redis.call('ZREM', K_QUEUE, unpack(a)) end)
+    queue_remove(unqueue)
     for i, id in ipairs(ids) do
       if not ms[i] then drop_entry(id, nil, limit, false) end
     end

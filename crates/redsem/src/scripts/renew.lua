@@ -6,7 +6,7 @@
 -- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
 --   ms), then the ids of entries to check (the client's holders, and those of its waiters it
 --   has reason to doubt; see docs/PROTOCOL.md)
--- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why}
+-- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted}
 --        states: one per id, in order:
 --          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --          {0}                still queued
@@ -20,12 +20,20 @@
 --          renewal (an operator's release, a rejection after a shrink)
 --        why: one per removed id, in order: 1 an operator removed it (a forced release), 2 it
 --          was rejected: it asked for more permits than the limit (after a shrink)
+--        deleted: 1 when delete.lua removed the semaphore (every state is then {-1}, every
+--          session flag 0, and nothing is written: the semaphore is not re-created), else 0
 local now = now_ms()
+ONLY_EXISTING = true
 local limit = load_limit()
-settle(now, limit, false)
 local k = tonumber(A[4])
+if not limit then
+  local states, sessions = {}, {}
+  for i = 5 + 2 * k, #A do states[#states + 1] = { -1 } end
+  for j = 1, k do sessions[j] = 0 end
+  return { -1, states, 0, tonumber(A[1]), sessions, -1, {}, {}, 1 }
+end
+settle(now, limit, false)
 local sessions, removed, why = {}, {}, {}
-local restored = false
 for j = 0, k - 1 do
   local sid, lease = A[5 + 2 * j], tonumber(A[6 + 2 * j])
   -- (an expired session not reaped yet, e.g. beyond what one call reaps, had no lease
@@ -33,12 +41,6 @@ for j = 0, k - 1 do
   local until_ms = redis.call('ZSCORE', K_EXP, sid)
   sessions[j + 1] = (until_ms and tonumber(until_ms) > now) and 1 or 0
   redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
-  if not until_ms and not restored
-    and #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) > 0 then
-    -- entries without a session lease: the `exp` key was lost
-    rare().restore_sessions(now)
-    restored = true
-  end
   local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
     'LIMIT', 0, 512)
   if #tombs > 0 then
@@ -69,7 +71,7 @@ for i = 5 + 2 * k, #A do
       -- its place in the queue was lost with the `queue` key: back at its ticket
       check_all()
       rare().count_repair()
-      redis.call('ZADD', K_QUEUE, m.t, id)
+      queue_add(m.t, id)
       requeued = true
     end
     states[#states + 1] = { 0 }
@@ -79,4 +81,4 @@ if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and tonumber(head[2]) or -1, removed, why }
+  #head > 0 and tonumber(head[2]) or -1, removed, why, 0 }

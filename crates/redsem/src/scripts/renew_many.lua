@@ -27,8 +27,9 @@ local function use_semaphore(offset, args)
   A = args
   CH_BASE, PUB = args[2], args[3]
   CREATED = false
-  SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+  SEQ, GEN, GRANTS, EXPIRED, REPAIRS, QLEN = 0, 0, 0, 0, 0, 0
   CFG_DIRTY = false
+  ONLY_EXISTING = false
 end
 
 -- Redis's (and Valkey's) own error handler adds the failing line to the error; without it,

@@ -127,6 +127,8 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
             (id, by)
         })
         .collect();
+    // (a trailing element: absent from the replies of scripts before it)
+    let deleted = matches!(items.get(8), Some(Value::Int(1)));
     Ok(Renewal {
         next_expiry: next,
         states,
@@ -134,6 +136,7 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         had_lease,
         head: u64::try_from(head).ok(),
         removed,
+        deleted,
     })
 }
 
@@ -154,6 +157,9 @@ pub(crate) struct Renewal {
     /// Entries of the sessions sent that someone else removed since their last renewal, and
     /// why.
     pub(crate) removed: Vec<(String, RemovedBy)>,
+    /// The semaphore was deleted (`delete.lua` with force): every entry is gone, and the
+    /// renewal did not re-create it.
+    pub(crate) deleted: bool,
 }
 
 /// Why someone other than its client removed an entry (`renew.lua`'s reasons).

@@ -35,13 +35,18 @@ fn key(name: &str, suffix: &str) -> String {
     format!("redsem:{{{name}}}:{suffix}")
 }
 
+/// Members of a key of semaphore `name`: its sessions for `exp` (not the `#` marker, whose
+/// score is `+inf`), every member for the other sorted sets (`own` with its marker), the
+/// fields of a hash.
 pub fn card(server: &Server, name: &str, suffix: &str) -> i64 {
     let k = key(name, suffix);
-    let cmd = match suffix {
-        "queue" | "exp" | "free" | "own" => "ZCARD",
-        _ => "HLEN",
-    };
-    server.cmd(&[cmd, &k]).as_int().unwrap()
+    match suffix {
+        "exp" => server.cmd(&["ZCOUNT", &k, "-inf", "(+inf"]),
+        "queue" | "free" | "own" => server.cmd(&["ZCARD", &k]),
+        _ => server.cmd(&["HLEN", &k]),
+    }
+    .as_int()
+    .unwrap()
 }
 
 /// Entries in the session index of semaphore `name` (`<session>|<id>`; not its `#` marker,

@@ -1,0 +1,131 @@
+//! Property 10, `fifo`: tickets are issued in the order the acquisitions reach Redis, and
+//! granted in ticket order (docs/PROTOCOL.md, "Guarantees"), from the snapshots, key losses
+//! included (the scripts detect a lost `queue` or `cfg` before they grant or issue a ticket,
+//! so the documented repair bound is zero: no exception is made for them).
+//!
+//! - **Issue order**: an entry that a snapshot shows for the first time carries a ticket above
+//!   every live waiter's of the previous snapshot of its semaphore (those reached Redis
+//!   before it). After `cfg` and `queue` were lost together, a counter that restarted below
+//!   the live tickets breaks this.
+//! - **Grant order**: no holder is granted while a live waiter with a lower ticket, queued
+//!   before that grant, stays waiting (strict FIFO: nobody overtakes, not even a smaller
+//!   request). After `queue` was lost, a newcomer granted at once, or a pump that trusted the
+//!   empty queue, breaks this.
+//!
+//! A waiter counts while its lease is valid and its record is there (an entry whose record
+//! was lost with `meta` has no ticket: it queues again under a new id, at the back). Tickets
+//! are compared within one history of the keys only: a restart or a failover (which may lose
+//! the last writes) starts a new one.
+
+use std::collections::{HashMap, HashSet};
+
+use super::ms_fmt;
+use super::report::Report;
+use super::snapshots::{Ids, Snapshot};
+
+/// What the earlier snapshots of one semaphore showed, in the current history.
+#[derive(Default)]
+struct Seen {
+    epoch: u32,
+    /// every entry seen so far
+    ids: HashSet<u32>,
+    /// live waiters (entry → ticket, first seen waiting at, µs)
+    waiting: HashMap<u32, (u64, i64)>,
+    /// the highest ticket of the live waiters of the previous snapshot
+    highest_waiting: Option<(u64, u32)>,
+    /// overtakings reported (holder, waiter)
+    reported: HashSet<(u32, u32)>,
+}
+
+/// The checker's state over the pass over `snapshots.log`.
+pub(super) struct Fifo {
+    sems: Vec<Seen>,
+}
+
+impl Fifo {
+    pub(super) fn new(sems: usize) -> Fifo {
+        Fifo {
+            sems: (0..sems).map(|_| Seen::default()).collect(),
+        }
+    }
+
+    /// Checks snapshot `s` of the history `epoch` against the earlier ones.
+    pub(super) fn observe(&mut self, s: &Snapshot, epoch: u32, ids: &Ids, r: &mut Report) {
+        let Some(seen) = self.sems.get_mut(s.sem) else {
+            return;
+        };
+        if seen.epoch != epoch {
+            *seen = Seen {
+                epoch,
+                ..Seen::default()
+            };
+        }
+        // a live waiter: valid lease, a record without slots, a ticket
+        let live_waiter = |e: &super::snapshots::Entry| {
+            s.valid(e) && e.n >= 0 && e.slots.is_empty() && e.granted_ms < 0 && e.ticket >= 0
+        };
+        // issue order
+        if let Some((top, w)) = seen.highest_waiting {
+            for e in &s.entries {
+                if !seen.ids.contains(&e.id) && e.ticket >= 0 && (e.ticket as u64) < top {
+                    r.violation(
+                        "fifo",
+                        format!(
+                            "{}: entry {} appeared at {} with ticket {}, below the ticket {top} of \
+                             the live waiter {} queued before it",
+                            s.name,
+                            ids.name(e.id),
+                            ms_fmt(s.now),
+                            e.ticket,
+                            ids.name(w)
+                        ),
+                    );
+                }
+            }
+        }
+        // grant order
+        for h in &s.entries {
+            if h.slots.is_empty() || h.granted_ms < 0 || h.ticket < 0 {
+                continue;
+            }
+            for w in s.entries.iter().filter(|w| live_waiter(w)) {
+                let Some(&(_, since)) = seen.waiting.get(&w.id) else {
+                    continue;
+                };
+                if w.ticket < h.ticket
+                    && since < h.granted_ms * 1000
+                    && seen.reported.insert((h.id, w.id))
+                {
+                    r.violation(
+                        "fifo",
+                        format!(
+                            "{}: {} (ticket {}) was granted at {} while {} (ticket {}, waiting \
+                             since {} at the latest) was still waiting at {}",
+                            s.name,
+                            ids.name(h.id),
+                            h.ticket,
+                            ms_fmt(h.granted_ms * 1000),
+                            ids.name(w.id),
+                            w.ticket,
+                            ms_fmt(since),
+                            ms_fmt(s.now)
+                        ),
+                    );
+                }
+            }
+        }
+        // what the next snapshot is compared with
+        let mut waiting = HashMap::new();
+        let mut highest = None;
+        for e in s.entries.iter().filter(|e| live_waiter(e)) {
+            let since = seen.waiting.get(&e.id).map_or(s.now, |&(_, t)| t);
+            waiting.insert(e.id, (e.ticket as u64, since));
+            if highest.is_none_or(|(t, _)| (e.ticket as u64) > t) {
+                highest = Some((e.ticket as u64, e.id));
+            }
+        }
+        seen.waiting = waiting;
+        seen.highest_waiting = highest;
+        seen.ids.extend(s.entries.iter().map(|e| e.id));
+    }
+}
