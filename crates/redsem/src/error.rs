@@ -247,8 +247,10 @@ pub enum Error {
     )]
     NoPermission(String),
 
-    /// Authentication failed: check the user name and password in the URL.
-    #[error("Redis authentication failed ({0}): check the user name and password in the URL")]
+    /// Authentication failed: the server needs a password the URL does not give (NOAUTH),
+    /// or the user name or password is wrong (WRONGPASS). The message says which, and how
+    /// to put them in the URL.
+    #[error("Redis authentication failed: {0}")]
     Auth(String),
 
     /// Synced mode ([`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas)):
@@ -389,11 +391,20 @@ impl Error {
         {
             return Error::NoPermission(text);
         }
+        if code == "NOAUTH" || text.contains("NOAUTH") {
+            return Error::Auth(format!(
+                "the server needs a password: put it in the URL as \
+                 redis://user:password@host:port/ (redis://:password@host:port/ for the default \
+                 user) [{text}]"
+            ));
+        }
         if matches!(err.kind(), redis::ErrorKind::AuthenticationFailed)
             || code == "WRONGPASS"
-            || code == "NOAUTH"
+            || text.contains("WRONGPASS")
         {
-            return Error::Auth(text);
+            return Error::Auth(format!(
+                "the user name or password in the URL is wrong, or the user is disabled [{text}]"
+            ));
         }
         Error::Backend(BackendError(err))
     }
@@ -454,6 +465,14 @@ impl BackendError {
     /// The error code Redis replied with (`ERR`, `READONLY`, ...), if the server replied.
     pub fn code(&self) -> Option<&str> {
         self.0.code()
+    }
+    /// True when the server's reply was not RESP (the server is not Redis?).
+    pub(crate) fn is_parse_error(&self) -> bool {
+        matches!(self.0.kind(), redis::ErrorKind::Parse)
+    }
+    /// True when the connection was refused (nothing listens there).
+    pub(crate) fn is_refusal(&self) -> bool {
+        self.0.is_connection_refusal()
     }
 }
 
