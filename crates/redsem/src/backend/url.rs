@@ -219,14 +219,18 @@ impl Query {
     }
 }
 
+/// The query parameters whose values [`redact_url`] shows.
+const SHOWN_PARAMETERS: &[&str] = &["protocol", "db", "username", "user", "sentinel_username"];
+
 /// Decodes the `%XX` escapes of a query value (a `+` stays a `+`; a stray `%` stays as is).
 fn decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// The URL with its passwords replaced by `***`, for messages and logs: the password of the
-/// user-info (`redis://user:***@host`), and the value of every query parameter whose name
-/// ends in `password` (`?sentinel_password=***`). Works on URLs that do not parse, too.
+/// user-info (`redis://user:***@host`), and the value of every query parameter but those
+/// known to hold no secret (`protocol`, `db` and the user names): `?password=***`,
+/// `?sentinel_password=***`, a misspelt `?pasword=***`. Works on URLs that do not parse, too.
 pub fn redact_url(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
@@ -248,7 +252,7 @@ pub fn redact_url(url: &str) -> String {
             let q: Vec<String> = q
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
+                    Some((k, _)) if !SHOWN_PARAMETERS.contains(&k) => format!("{k}=***"),
                     _ => kv.to_owned(),
                 })
                 .collect();
@@ -314,6 +318,30 @@ mod tests {
         assert_eq!(s.sentinels[0].redis_settings().username(), Some("watch"));
         assert_eq!(s.sentinels[0].redis_settings().password(), Some("p@ss"));
         assert_eq!(s.data.password(), None);
+        // ?username= and ?password= are the data nodes' credentials
+        let Topology::Standalone(i) =
+            parse_url("redis://h:1/?username=app&password=p%40ss").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(i.redis_settings().username(), Some("app"));
+        assert_eq!(i.redis_settings().password(), Some("p@ss"));
+        let Topology::Sentinel(s) =
+            parse_url("redis+sentinel://s1/m?password=data&sentinel_password=watch").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(s.data.password(), Some("data"));
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("watch"));
+        let Topology::Cluster(nodes) = parse_url("redis+cluster://a:1,b:2?password=pw").unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            nodes
+                .iter()
+                .all(|n| n.redis_settings().password() == Some("pw"))
+        );
         assert_eq!(decode("a%2Fb%"), "a/b%");
         assert_eq!(decode("a+b%20c"), "a+b c");
         for bad in [
@@ -322,6 +350,13 @@ mod tests {
             "redis+bogus://h:1",
             "http://h:1",
             "ftp+cluster://h:1",
+            // parameters that would be ignored, and credentials given twice
+            "redis://h:1/?db=2",
+            "redis://h:1/?pasword=x",
+            "redis://h:1/?sentinel_password=x",
+            "redis+cluster://h:1?timeout=5",
+            "redis://:a@h:1/?password=b",
+            "redis://u@h:1/?username=v",
         ] {
             assert!(
                 matches!(parse_url(bad), Err(Error::InvalidArgument(_))),
@@ -341,7 +376,7 @@ mod tests {
         assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
         assert_eq!(
             redact_url("redis+sentinel://u:pw@s1,s2/m?sentinel_password=x&a=b"),
-            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=b"
+            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=***"
         );
         assert_eq!(
             redact_url("redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=pw"),
@@ -350,6 +385,10 @@ mod tests {
         // a password with an unescaped '/' or '@' is hidden whole
         assert_eq!(redact_url("redis://u:p/ss@h:1"), "redis://u:***@h:1");
         assert_eq!(redact_url("redis://u:p@ss@h:1"), "redis://u:***@h:1");
+        assert_eq!(
+            redact_url("redis://h:1/?password=a&pass=b&pasword=c&protocol=3"),
+            "redis://h:1/?password=***&pass=***&pasword=***&protocol=3"
+        );
         // not a URL at all: shown as given
         assert_eq!(redact_url("not a url"), "not a url");
     }
