@@ -77,11 +77,7 @@ impl Client {
     /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
     /// [`inspect`](Self::inspect).
     pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<u32, Error> {
-        if new_limit == 0 || new_limit > MAX_LIMIT {
-            return Err(Error::InvalidArgument(format!(
-                "limit must be between 1 and {MAX_LIMIT}, not {new_limit}"
-            )));
-        }
+        crate::keys::check_limit(new_limit.into())?;
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
