@@ -78,11 +78,7 @@ impl Client {
     /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
     /// [`inspect`](Self::inspect).
     pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
-        if new_limit == 0 || new_limit > MAX_LIMIT {
-            return Err(Error::InvalidArgument(format!(
-                "limit must be between 1 and {MAX_LIMIT}, not {new_limit}"
-            )));
-        }
+        crate::keys::check_limit(new_limit.into())?;
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
@@ -278,7 +274,8 @@ impl Resized {
         let (old, new, _) = &reply;
         let Some(new) = *new else {
             return Err(Error::InvalidArgument(format!(
-                "semaphore {name:?}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}"
+                "semaphore {}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}",
+                crate::keys::display_name(name)
             )));
         };
         Ok(Resized::from_reply(reply, new))

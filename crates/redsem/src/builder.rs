@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::engine::{Handle, OpenSettings, Timing};
 use crate::error::Error;
 use crate::options::check_duration;
-use crate::semaphore::{MAX_LIMIT, Semaphore};
+use crate::semaphore::Semaphore;
 
 /// Opens a [`Semaphore`]; made by [`Client::semaphore`].
 #[derive(Debug)]
@@ -106,15 +106,7 @@ impl SemaphoreBuilder {
 
     fn validate(self) -> Result<(Client, OpenSettings), Error> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
-        if self.limit == 0 {
-            return bad("limit is 0: a semaphore needs at least one permit".into());
-        }
-        if self.limit > MAX_LIMIT {
-            return bad(format!(
-                "limit {} exceeds the maximum of {MAX_LIMIT}",
-                self.limit
-            ));
-        }
+        crate::keys::check_limit(self.limit.into())?;
         check_duration("lease", self.lease)?;
         check_duration("fallback poll interval", self.fallback_poll)?;
         if self.lease < Duration::from_millis(20) {

@@ -86,8 +86,7 @@ pub enum Error {
     /// limit: open it with the stored limit, or change it for everyone with
     /// [`Semaphore::resize`](crate::Semaphore::resize).
     #[error(
-        "semaphore {name:?} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it"
-    )]
+        "semaphore {n} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     LimitConflict {
         /// The semaphore's name.
@@ -100,7 +99,7 @@ pub enum Error {
 
     /// More permits were requested at once than the semaphore's limit: such a request could
     /// never be granted.
-    #[error("semaphore {name:?}: requested {requested} permits at once, but the limit is {limit}")]
+    #[error("semaphore {n}: requested {requested} permits at once, but the limit is {limit}", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     TooManyPermits {
         /// The semaphore's name.
@@ -112,7 +111,7 @@ pub enum Error {
     },
 
     /// `try_acquire`: the permits cannot be taken right now; [`NoPermitsReason`] says why.
-    #[error("semaphore {name:?}: no permits right now: {reason}")]
+    #[error("semaphore {n}: no permits right now: {reason}", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     NoPermits {
         /// The semaphore's name.
@@ -123,7 +122,7 @@ pub enum Error {
     },
 
     /// The acquire did not succeed within its timeout; its place in the queue was given up.
-    #[error("semaphore {name:?}: timed out after {timeout:?} waiting for permits")]
+    #[error("semaphore {n}: timed out after {timeout:?} waiting for permits", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     Timeout {
         /// The semaphore's name.
@@ -133,7 +132,7 @@ pub enum Error {
     },
 
     /// The permit's slot was lost while the work ran (see [`LostReason`]).
-    #[error("semaphore {name:?}: the slot was lost: {reason}")]
+    #[error("semaphore {n}: the slot was lost: {reason}", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     LeaseLost {
         /// The semaphore's name.
@@ -149,7 +148,7 @@ pub enum Error {
     /// Redis. Do not simply retry: ask whoever removed it, or acquire again if the work must
     /// still run.
     #[error(
-        "semaphore {name:?}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried"
+        "semaphore {n}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried", n = crate::keys::display_name(.name)
     )]
     #[non_exhaustive]
     RemovedFromQueue {
@@ -159,7 +158,7 @@ pub enum Error {
 
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
     /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
-    #[error("semaphore {name:?} was closed (Semaphore::close or Client::shutdown)")]
+    #[error("semaphore {n} was closed (Semaphore::close or Client::shutdown)", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     Closed {
         /// The semaphore's name.
@@ -171,8 +170,7 @@ pub enum Error {
     /// [`inspect`](crate::Client::inspect), which never create one). Check the name and the
     /// key prefix.
     #[error(
-        "no semaphore named {name:?} under key prefix {prefix:?} (check the name and the key prefix)"
-    )]
+        "no semaphore named {n} under key prefix {prefix:?} (check the name and the key prefix)", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     UnknownSemaphore {
         /// The semaphore's name.
@@ -185,8 +183,7 @@ pub enum Error {
     /// semaphore has live holders or waiters. Wait until they are done, or delete with
     /// `force` (CLI: `--force`) to evict them.
     #[error(
-        "semaphore {name:?} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them"
-    )]
+        "semaphore {n} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     InUse {
         /// The semaphore's name.
@@ -200,8 +197,7 @@ pub enum Error {
     /// A key of the semaphore holds a value of another type: another program uses the same
     /// key names. Pick another name or key prefix, or delete the foreign keys.
     #[error(
-        "a key of semaphore {name:?} holds another type of value ({detail}): use another name or key prefix"
-    )]
+        "a key of semaphore {n} holds another type of value ({detail}): use another name or key prefix", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     WrongType {
         /// The semaphore's name.
@@ -217,7 +213,7 @@ pub enum Error {
     /// another name or key prefix; if the data may go, delete it with
     /// [`Client::purge_keys`](crate::Client::purge_keys) (CLI:
     /// `redsem delete NAME --force --delete-foreign-data`).
-    #[error("semaphore {name:?}: not a redsem semaphore: {detail}; use another name or key prefix")]
+    #[error("semaphore {n}: not a redsem semaphore: {detail}; use another name or key prefix", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     NotASemaphore {
         /// The semaphore's name.
@@ -231,7 +227,7 @@ pub enum Error {
     /// answered with a reply or a stored entry redsem cannot read. Nothing was changed. Use
     /// a client that speaks that version, or recreate the semaphore
     /// ([`Client::delete_semaphore`](crate::Client::delete_semaphore)).
-    #[error("semaphore {name:?}: {detail}")]
+    #[error("semaphore {n}: {detail}", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     ProtocolMismatch {
         /// The semaphore's name.
@@ -247,7 +243,7 @@ pub enum Error {
     /// keys (`redsem delete --force`, or `DEL` of the keys under `<prefix>:{<name>}:`) and
     /// reopen it. Losses that can be repaired (one key, or a record and its lease) are
     /// repaired silently and counted in [`Stats::repairs_total`](crate::Stats::repairs_total).
-    #[error("semaphore {name:?}: its keys are inconsistent and could not be repaired: {detail}")]
+    #[error("semaphore {n}: its keys are inconsistent and could not be repaired: {detail}", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     Corrupt {
         /// The semaphore's name.
@@ -264,8 +260,7 @@ pub enum Error {
     /// risk with [`SemaphoreBuilder::allow_evicting_policy`](crate::SemaphoreBuilder::allow_evicting_policy)
     /// (CLI: `--allow-evicting-policy`).
     #[error(
-        "semaphore {name:?}: Redis's maxmemory-policy is {policy} and {detail}: set maxmemory-policy to noeviction, or open with allow_evicting_policy(true) / --allow-evicting-policy to accept the risk"
-    )]
+        "semaphore {n}: Redis's maxmemory-policy is {policy} and {detail}: set maxmemory-policy to noeviction, or open with allow_evicting_policy(true) / --allow-evicting-policy to accept the risk", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     EvictingPolicy {
         /// The semaphore's name.
@@ -283,16 +278,17 @@ pub enum Error {
     )]
     NoPermission(String),
 
-    /// Authentication failed: check the user name and password in the URL.
-    #[error("Redis authentication failed ({0}): check the user name and password in the URL")]
+    /// Authentication failed: the server needs a password the URL does not give (NOAUTH),
+    /// or the user name or password is wrong (WRONGPASS). The message says which, and how
+    /// to put them in the URL.
+    #[error("Redis authentication failed: {0}")]
     Auth(String),
 
     /// Synced mode ([`ClientBuilder::synced_replicas`](crate::ClientBuilder::synced_replicas)):
     /// fewer replicas than required acknowledged the grant in time, so the permit was
     /// released. A replica is down or lagging; the call can be retried.
     #[error(
-        "semaphore {name:?}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)"
-    )]
+        "semaphore {n}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)", n = crate::keys::display_name(.name))]
     #[non_exhaustive]
     NotReplicated {
         /// The semaphore's name.
@@ -435,11 +431,20 @@ impl Error {
         {
             return Error::NoPermission(text);
         }
+        if code == "NOAUTH" || text.contains("NOAUTH") {
+            return Error::Auth(format!(
+                "the server needs a password: put it in the URL as \
+                 redis://user:password@host:port/ (redis://:password@host:port/ for the default \
+                 user) [{text}]"
+            ));
+        }
         if matches!(err.kind(), redis::ErrorKind::AuthenticationFailed)
             || code == "WRONGPASS"
-            || code == "NOAUTH"
+            || text.contains("WRONGPASS")
         {
-            return Error::Auth(text);
+            return Error::Auth(format!(
+                "the user name or password in the URL is wrong, or the user is disabled [{text}]"
+            ));
         }
         Error::Backend(BackendError(err))
     }
@@ -500,6 +505,14 @@ impl BackendError {
     /// The error code Redis replied with (`ERR`, `READONLY`, ...), if the server replied.
     pub fn code(&self) -> Option<&str> {
         self.0.code()
+    }
+    /// True when the server's reply was not RESP (the server is not Redis?).
+    pub(crate) fn is_parse_error(&self) -> bool {
+        matches!(self.0.kind(), redis::ErrorKind::Parse)
+    }
+    /// True when the connection was refused (nothing listens there).
+    pub(crate) fn is_refusal(&self) -> bool {
+        self.0.is_connection_refusal()
     }
 }
 

@@ -23,6 +23,44 @@ pub const MAX_NAME_LEN: usize = 200;
 /// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
 pub const MAX_LIMIT: u32 = 100_000;
 
+/// The version of the redsem protocol (docs/PROTOCOL.md) this crate's scripts speak, as
+/// stored in each semaphore's `cfg` hash (`ver`). Clients of different protocol versions
+/// refuse each other's semaphores ([`Error::ProtocolMismatch`]).
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// Checks a limit: 1 to [`MAX_LIMIT`], and returns it. Every path that takes a limit
+/// (opening, resizing, the CLI's `--limit` and `redsem limit`) checks it here, so that the
+/// message is the same everywhere; it takes an `i64` so that a negative or huge value (from
+/// a command line, or a binding's integer) gets that message too.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] outside 1..=[`MAX_LIMIT`].
+pub fn check_limit(limit: i64) -> Result<u32, Error> {
+    match u32::try_from(limit) {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(Error::InvalidArgument(format!(
+            "limit {limit} is outside 1..={MAX_LIMIT} (a semaphore has at least 1 permit and at \
+             most {MAX_LIMIT})"
+        ))),
+    }
+}
+
+/// Longest part of a name that messages show ([`display_name`]), in characters.
+const SHOWN_NAME_CHARS: usize = 60;
+
+/// A semaphore name as messages show it: quoted and escaped as by `{:?}`, cut after 60
+/// characters with `…` (names may be 200 bytes long; a message names the semaphore, it
+/// need not spell all of it).
+pub fn display_name(name: &str) -> String {
+    match name.char_indices().nth(SHOWN_NAME_CHARS) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => {
+            let quoted = format!("{:?}", &name[..cut]);
+            format!("{}…\"", &quoted[..quoted.len() - 1])
+        }
+    }
+}
+
 /// The names of one semaphore's keys and of its notification channels.
 #[derive(Clone, Debug)]
 #[doc(hidden)]
@@ -69,7 +107,8 @@ impl Keys {
 pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     let bad = |why: &str| {
         Err(Error::InvalidArgument(format!(
-            "semaphore name {name:?} {why}"
+            "semaphore name {} {why}",
+            display_name(name)
         )))
     };
     if name.is_empty() {
@@ -126,5 +165,44 @@ mod tests {
             ));
         }
         assert!(Keys::new("redsem", &"n".repeat(MAX_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn long_names_are_cut_in_messages() {
+        assert_eq!(display_name("jobs"), "\"jobs\"");
+        let long = format!("{}{}", "é".repeat(60), "tail");
+        assert_eq!(display_name(&long), format!("\"{}…\"", "é".repeat(60)));
+        assert_eq!(
+            display_name(&"n".repeat(60)),
+            format!("\"{}\"", "n".repeat(60))
+        );
+        let err = Keys::new("redsem", &"n".repeat(MAX_NAME_LEN + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("\"{}…\"", "n".repeat(60))), "{err}");
+        assert!(!err.contains(&"n".repeat(61)), "{err}");
+    }
+
+    #[test]
+    fn one_wording_for_the_limit_range() {
+        assert_eq!(check_limit(1).unwrap(), 1);
+        assert_eq!(check_limit(MAX_LIMIT.into()).unwrap(), MAX_LIMIT);
+        for bad in [0, -3, i64::from(MAX_LIMIT) + 1, i64::MAX, i64::MIN] {
+            let err = check_limit(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("limit {bad} is outside 1..=100000")),
+                "{err}"
+            );
+        }
+    }
+
+    /// The scripts' protocol version (prelude.lua) is the one this crate announces.
+    #[test]
+    fn the_protocol_version_is_the_scripts() {
+        let prelude = include_str!("scripts/prelude.lua");
+        assert!(
+            prelude.contains(&format!("\nlocal PROTOCOL = {PROTOCOL_VERSION}\n")),
+            "prelude.lua's PROTOCOL differs from PROTOCOL_VERSION"
+        );
     }
 }

@@ -268,11 +268,7 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`]; connection errors.
     pub async fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
-        if new_limit == 0 || new_limit > MAX_LIMIT {
-            return Err(Error::InvalidArgument(format!(
-                "limit must be between 1 and {MAX_LIMIT}, not {new_limit}"
-            )));
-        }
+        crate::keys::check_limit(new_limit.into())?;
         let mut conn = self.handle.ctx.conn.clone();
         let reply = scripts::resize(&mut conn, &self.handle.remote.target(), new_limit)
             .await

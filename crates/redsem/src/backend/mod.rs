@@ -16,10 +16,12 @@
 //!   when the master changes.
 //!
 //! The files: [`url`] (what a URL names, and how it is shown), [`tls`] (certificates),
-//! [`cluster`], [`sentinel`]; this one ties them into the two connections. Nothing here
+//! [`cluster`], [`sentinel`], [`probe`] (why a connect failed); this one ties them into the
+//! two connections. Nothing here
 //! knows about semaphores.
 
 mod cluster;
+mod probe;
 mod sentinel;
 mod tls;
 mod url;
@@ -42,10 +44,12 @@ pub(crate) use sentinel::Sentinel;
 pub(crate) use tls::TlsPems;
 use tls::{Certs, client_for};
 pub use url::redact_url;
-use url::{Topology, parse_url, resp3};
+use url::{Topology, addr_of, parse_url, resp3};
 
 /// Everything needed to (re)connect: the topology, TLS material and timeouts.
 pub(crate) struct Backend {
+    /// The URL as given (shown redacted).
+    url: String,
     topology: Topology,
     certs: Option<Certs>,
     connect_timeout: Duration,
@@ -91,11 +95,110 @@ impl Backend {
             )));
         }
         Ok(Backend {
+            url: url.to_owned(),
             certs: tls::certs(pems)?,
             topology,
             connect_timeout,
             response_timeout,
         })
+    }
+
+    /// The error of a failed connect, in words that say what is wrong with the URL when the
+    /// failure shows it (one error per mistake, all [`Error::InvalidArgument`] but NOAUTH,
+    /// which is [`Error::Auth`]):
+    ///
+    /// - the server is not Redis (its reply is not RESP, or it answers `PING` with
+    ///   something else);
+    /// - `rediss://` on a plaintext port, `redis://` on a TLS port;
+    /// - a cluster URL on a server without cluster support, a Sentinel URL on a server that
+    ///   is not a sentinel.
+    ///
+    /// Some of these are confirmed by a probe ([`probe`]) of the first host of the URL,
+    /// which adds at most [`probe::PROBE_TIME`] to the failure. Any other error is returned
+    /// as it is.
+    pub(crate) async fn explain(&self, err: Error) -> Error {
+        let shown = redact_url(&self.url);
+        let first = match &self.topology {
+            Topology::Standalone(i) => Some(i),
+            Topology::Cluster(nodes) => nodes.first(),
+            Topology::Sentinel(s) => s.sentinels.first(),
+        };
+        let target = first.and_then(|i| match i.addr() {
+            redis::ConnectionAddr::Tcp(h, p) => Some((h.clone(), *p, false)),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port, true)),
+            _ => None,
+        });
+        let addr = first.map(addr_of).unwrap_or_default();
+        let bad = |why: String| Error::InvalidArgument(format!("Redis URL {shown:?}: {why}"));
+        let text = match &err {
+            Error::Backend(e) | Error::Unreachable(e) => e.to_string(),
+            _ => return err,
+        };
+        let lower = text.to_ascii_lowercase();
+        match &self.topology {
+            Topology::Cluster(_) if lower.contains("cluster support disabled") => {
+                return bad(format!(
+                    "{addr} is a single server, not a Redis Cluster node (its cluster support \
+                     is disabled): use redis://{addr}/ for one server"
+                ));
+            }
+            Topology::Sentinel(_)
+                if lower.contains("unknown command") && lower.contains("sentinel") =>
+            {
+                return bad(format!(
+                    "{addr} is not a Sentinel (it does not know the SENTINEL command): list \
+                     the sentinels' addresses (port 26379 by default) in the URL, or use \
+                     redis://{addr}/ for a single server"
+                ));
+            }
+            _ => {}
+        }
+        let Some((host, port, tls)) = target else {
+            return err;
+        };
+        // a reply that is not RESP (the cluster client reports it as an I/O error)
+        let parse_error = matches!(&err, Error::Backend(e) if e.is_parse_error())
+            || lower.contains("parse error");
+        let refused = matches!(&err, Error::Unreachable(e) if e.is_refusal());
+        let timed_out = matches!(&err, Error::Unreachable(e) if e.is_timeout());
+        let not_redis = |line: &str| {
+            bad(format!(
+                "{addr} is not a Redis server (it answers {line:?}): check the host and port"
+            ))
+        };
+        if parse_error {
+            return match probe::plain(&host, port).await {
+                probe::Answer::Other(line) => not_redis(&line),
+                _ => bad(format!(
+                    "{addr} is not a Redis server (its reply is not RESP: {text}): check the \
+                     host and port"
+                )),
+            };
+        }
+        if refused || !matches!(err, Error::Unreachable(_)) {
+            return err;
+        }
+        if tls {
+            // a plaintext Redis waits for a command that the TLS handshake never ends
+            return match probe::plain(&host, port).await {
+                probe::Answer::Redis(_) => bad(format!(
+                    "{addr} speaks plaintext Redis, not TLS: use redis:// instead of rediss://"
+                )),
+                probe::Answer::Other(line) => not_redis(&line),
+                _ => err,
+            };
+        }
+        if timed_out {
+            return err;
+        }
+        // reset or closed at once: a TLS port drops a plaintext client
+        match probe::tls(&host, port).await {
+            probe::Answer::Tls => bad(format!(
+                "{addr} expects TLS: use rediss:// instead of redis://"
+            )),
+            probe::Answer::Other(line) => not_redis(&line),
+            _ => err,
+        }
     }
 
     /// The publish command the scripts use: sharded pub/sub on a cluster.

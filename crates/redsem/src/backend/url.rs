@@ -47,8 +47,9 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     let (base, kind) = match scheme.split_once('+') {
         Some((base, kind)) if kind == "cluster" || kind == "sentinel" => (base, kind),
         _ => {
+            let query = Query::parse(url, &scheme, &bad)?;
             let info = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
-            return Ok(Topology::Standalone(info));
+            return Ok(Topology::Standalone(query.apply(info, &bad)?));
         }
     };
     if base != "redis" && base != "rediss" {
@@ -73,25 +74,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         .fragment()
         .map(|f| format!("#{f}"))
         .unwrap_or_default();
-    // sentinel_username / sentinel_password are ours; the rest goes to redis-rs
-    let (mut sentinel_user, mut sentinel_pass) = (None, None);
-    let mut rest = Vec::new();
-    for pair in parsed
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=') {
-            Some(("sentinel_username", v)) => sentinel_user = Some(decode(v)),
-            Some(("sentinel_password", v)) => sentinel_pass = Some(decode(v)),
-            _ => rest.push(pair),
-        }
-    }
-    let query = if rest.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", rest.join("&"))
+    let q = Query::parse(url, &scheme, &bad)?;
+    let (sentinel_user, sentinel_pass) = (q.sentinel_username.clone(), q.sentinel_password.clone());
+    // redis-rs reads `protocol`; the credentials are set from `q`
+    let query = match &q.protocol {
+        Some(p) => format!("?protocol={p}"),
+        None => String::new(),
     };
     let node = |host: &str, creds: &str, path: &str| -> Result<ConnectionInfo, Error> {
         format!("{base}://{creds}{host}{path}{query}{fragment}")
@@ -102,7 +90,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     if kind == "cluster" {
         let nodes = hosts
             .iter()
-            .map(|h| node(h, creds, path))
+            .map(|h| node(h, creds, path).and_then(|i| q.apply(i, &bad)))
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(Topology::Cluster(nodes));
     }
@@ -118,7 +106,10 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         Some(db) if !db.is_empty() => format!("/{db}"),
         _ => String::new(),
     };
-    let data = node("127.0.0.1:6379", creds, &db)?.redis_settings().clone();
+    let data = q
+        .apply(node("127.0.0.1:6379", creds, &db)?, &bad)?
+        .redis_settings()
+        .clone();
     let sentinels = hosts
         .iter()
         .map(|h| {
@@ -148,14 +139,98 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
     }))
 }
 
+/// The query parameters of a URL that redsem reads; any other is refused, so that a
+/// misspelt or unsupported one (`?pasword=`, `?timeout=`) is not silently ignored.
+///
+/// - `username`, `password`: the credentials of the data nodes, as redis-py reads them (an
+///   alternative to the user-info `user:password@`; giving one in both places is refused);
+/// - `protocol`: `resp2` or `resp3`, read by redis-rs;
+/// - Unix sockets: `db`, `user` and `pass` too (redis-rs's names);
+/// - Sentinel: `sentinel_username`, `sentinel_password` (the sentinels' credentials).
+#[derive(Default)]
+struct Query {
+    username: Option<String>,
+    password: Option<String>,
+    protocol: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+}
+
+impl Query {
+    fn parse(url: &str, scheme: &str, bad: &dyn Fn(String) -> Error) -> Result<Query, Error> {
+        let raw = url.split_once('?').map_or("", |(_, q)| q);
+        let raw = raw.split('#').next().unwrap_or_default();
+        let sentinel = scheme.ends_with("+sentinel");
+        let unix = scheme == "unix" || scheme == "redis+unix";
+        let mut q = Query::default();
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = Some(decode(v));
+            match k {
+                "username" => q.username = v,
+                "password" => q.password = v,
+                "protocol" => q.protocol = v,
+                "db" | "user" | "pass" if unix => {}
+                "sentinel_username" if sentinel => q.sentinel_username = v,
+                "sentinel_password" if sentinel => q.sentinel_password = v,
+                _ => {
+                    let known = match (unix, sentinel) {
+                        (true, _) => "username, password, protocol, db, user, pass",
+                        (_, true) => {
+                            "username, password, protocol, sentinel_username, sentinel_password"
+                        }
+                        _ => "username, password, protocol",
+                    };
+                    return Err(bad(format!(
+                        "unknown URL parameter {k:?} (redsem reads {known}; put the \
+                         database in the path: redis://host:port/DB)"
+                    )));
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    /// `info` with the query's user name and password (refused when the URL's user-info
+    /// gives them too).
+    fn apply(
+        &self,
+        info: ConnectionInfo,
+        bad: &dyn Fn(String) -> Error,
+    ) -> Result<ConnectionInfo, Error> {
+        let mut settings = info.redis_settings().clone();
+        if let Some(u) = &self.username {
+            if settings.username().is_some() {
+                return Err(bad(
+                    "the user name is given twice (user@ and ?username=): keep one".into(),
+                ));
+            }
+            settings = settings.set_username(u);
+        }
+        if let Some(p) = &self.password {
+            if settings.password().is_some() {
+                return Err(bad(
+                    "the password is given twice (:password@ and ?password=): keep one".into(),
+                ));
+            }
+            settings = settings.set_password(p);
+        }
+        Ok(info.set_redis_settings(settings))
+    }
+}
+
+/// The query parameters whose values [`redact_url`] shows.
+const SHOWN_PARAMETERS: &[&str] = &["protocol", "db", "username", "user", "sentinel_username"];
+
 /// Decodes the `%XX` escapes of a query value (a `+` stays a `+`; a stray `%` stays as is).
 fn decode(s: &str) -> String {
     percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// The URL with its passwords replaced by `***`, for messages and logs: the password of the
-/// user-info (`redis://user:***@host`), and the value of every query parameter whose name
-/// ends in `password` (`?sentinel_password=***`). Works on URLs that do not parse, too.
+/// user-info (`redis://user:***@host`), and the value of every query parameter but those
+/// known to hold no secret (`protocol`, `db` and the user names): `?password=***`,
+/// `?sentinel_password=***`, a misspelt `?pasword=***`. Works on URLs that do not parse, too.
 pub fn redact_url(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
@@ -177,7 +252,7 @@ pub fn redact_url(url: &str) -> String {
             let q: Vec<String> = q
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.ends_with("password") => format!("{k}=***"),
+                    Some((k, _)) if !SHOWN_PARAMETERS.contains(&k) => format!("{k}=***"),
                     _ => kv.to_owned(),
                 })
                 .collect();
@@ -243,6 +318,30 @@ mod tests {
         assert_eq!(s.sentinels[0].redis_settings().username(), Some("watch"));
         assert_eq!(s.sentinels[0].redis_settings().password(), Some("p@ss"));
         assert_eq!(s.data.password(), None);
+        // ?username= and ?password= are the data nodes' credentials
+        let Topology::Standalone(i) =
+            parse_url("redis://h:1/?username=app&password=p%40ss").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(i.redis_settings().username(), Some("app"));
+        assert_eq!(i.redis_settings().password(), Some("p@ss"));
+        let Topology::Sentinel(s) =
+            parse_url("redis+sentinel://s1/m?password=data&sentinel_password=watch").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(s.data.password(), Some("data"));
+        assert_eq!(s.sentinels[0].redis_settings().password(), Some("watch"));
+        let Topology::Cluster(nodes) = parse_url("redis+cluster://a:1,b:2?password=pw").unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            nodes
+                .iter()
+                .all(|n| n.redis_settings().password() == Some("pw"))
+        );
         assert_eq!(decode("a%2Fb%"), "a/b%");
         assert_eq!(decode("a+b%20c"), "a+b c");
         for bad in [
@@ -251,6 +350,13 @@ mod tests {
             "redis+bogus://h:1",
             "http://h:1",
             "ftp+cluster://h:1",
+            // parameters that would be ignored, and credentials given twice
+            "redis://h:1/?db=2",
+            "redis://h:1/?pasword=x",
+            "redis://h:1/?sentinel_password=x",
+            "redis+cluster://h:1?timeout=5",
+            "redis://:a@h:1/?password=b",
+            "redis://u@h:1/?username=v",
         ] {
             assert!(
                 matches!(parse_url(bad), Err(Error::InvalidArgument(_))),
@@ -270,7 +376,7 @@ mod tests {
         assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
         assert_eq!(
             redact_url("redis+sentinel://u:pw@s1,s2/m?sentinel_password=x&a=b"),
-            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=b"
+            "redis+sentinel://u:***@s1,s2/m?sentinel_password=***&a=***"
         );
         assert_eq!(
             redact_url("redis+sentinel://s:1/m?sentinel_username=u&sentinel_password=pw"),
@@ -279,6 +385,10 @@ mod tests {
         // a password with an unescaped '/' or '@' is hidden whole
         assert_eq!(redact_url("redis://u:p/ss@h:1"), "redis://u:***@h:1");
         assert_eq!(redact_url("redis://u:p@ss@h:1"), "redis://u:***@h:1");
+        assert_eq!(
+            redact_url("redis://h:1/?password=a&pass=b&pasword=c&protocol=3"),
+            "redis://h:1/?password=***&pass=***&pasword=***&protocol=3"
+        );
         // not a URL at all: shown as given
         assert_eq!(redact_url("not a url"), "not a url");
     }

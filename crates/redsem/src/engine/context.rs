@@ -62,7 +62,9 @@ pub(crate) struct ConnectSettings {
 
 impl Context {
     /// Connects both connections and starts the background tasks. The whole of it (both
-    /// connections, the client library's own retries included) gets one connect timeout.
+    /// connections, the client library's own retries included) gets one connect timeout;
+    /// a failure is then explained ([`Backend::explain`], which may probe the server for
+    /// up to a second more).
     pub(crate) async fn connect(s: ConnectSettings) -> Result<Context, Error> {
         let shown = redact_url(&s.url);
         let backend = Backend::new(&s.url, s.pems, s.connect_timeout, s.response_timeout)?;
@@ -78,13 +80,14 @@ impl Context {
             Ok(Ok(connected)) => connected,
             Ok(Err(e)) => {
                 stop.cancel();
-                return Err(e);
+                return Err(backend.explain(e).await);
             }
             Err(_) => {
                 stop.cancel();
-                return Err(Error::Unreachable(BackendError::timed_out(format!(
+                let e = Error::Unreachable(BackendError::timed_out(format!(
                     "no connection to {shown} within {limit:?}"
-                ))));
+                )));
+                return Err(backend.explain(e).await);
             }
         };
 
