@@ -261,7 +261,10 @@ class Permit:
             lost.cancel()
             if not work.done():
                 work.cancel()
-            await self.release()
+            if self.lost.is_set():
+                self._native.release_nowait()  # as the Rust `Permit::run`: no wait on loss
+            else:
+                await self.release()
 
     async def release(self) -> None:
         """Releases now and waits for Redis to confirm (releases made meanwhile share one
@@ -356,7 +359,12 @@ class AcquireContext(Coroutine[Any, Any, Permit]):
             else:
                 watch.cancel()
         if permit is not None:
-            await permit.release()
+            if cancelled_by_loss:
+                # As the Rust `Permit::run`: a lost permit is dropped (released in the
+                # background), not waited for: Redis may be unreachable.
+                permit._native.release_nowait()
+            else:
+                await permit.release()
         if cancelled_by_loss and permit is not None:
             if task is not None:
                 task.uncancel()
