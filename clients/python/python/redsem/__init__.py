@@ -56,6 +56,8 @@ from .errors import (
     WrongType,
 )
 
+from . import sync
+
 __version__ = "0.3.0"
 
 MAX_LIMIT: int = _native.MAX_LIMIT
@@ -108,4 +110,5 @@ __all__ = [
     "WrongType",
     "connect",
     "default_url",
+    "sync",
 ]
