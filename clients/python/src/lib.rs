@@ -2,7 +2,7 @@
 //!
 //! Only conversions live here: every protocol rule, the batching, the renewals and the
 //! notifications are the crate's. Each async method returns an `asyncio` awaitable made by
-//! `pyo3_async_runtimes::tokio::future_into_py`: the Rust future runs on one process-wide
+//! the bridge of `bridge.rs`: the Rust future runs on one process-wide
 //! Tokio runtime without the GIL, and cancelling the awaitable drops it (the crate's
 //! documented cancel safety applies). The typed, documented Python API is
 //! `python/redsem/*.py`; this module's stub is `python/redsem/_native.pyi`.
@@ -16,11 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use bridge::{Failure, spawn};
 use futures_util::FutureExt as _;
 use futures_util::future::{BoxFuture, Shared};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3_async_runtimes::tokio::future_into_py;
 use redsem::{AcquireOptions, Error, Fence, LostReason, NoPermitsReason};
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +29,7 @@ type Attrs = Vec<(&'static str, Py<PyAny>)>;
 /// The one mapping from `redsem::Error` to the Python exception hierarchy of
 /// `redsem.errors`: the class named after the variant, the Rust `Display` as its message,
 /// and the variant's fields as attributes (`semaphore` wherever the error names one).
-fn to_py(py: Python<'_>, e: Error) -> PyErr {
+pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let message = e.to_string();
     let semaphore = e.semaphore().map(str::to_owned);
     let mut attrs: Attrs = Vec::new();
@@ -114,11 +113,6 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Ok(PyErr::from_value(exc))
     };
     build().unwrap_or_else(|err| err)
-}
-
-/// [`to_py`] from a thread that does not hold the GIL (a Tokio worker).
-fn err(e: Error) -> PyErr {
-    Python::attach(|py| to_py(py, e))
 }
 
 fn lost_reason(r: LostReason) -> &'static str {
@@ -235,9 +229,9 @@ fn connect<'py>(
     if let Some(n) = synced_replicas {
         b = b.synced_replicas(n, secs(py, "synced_timeout", synced_timeout)?);
     }
-    future_into_py(py, async move {
-        let client = b.build().await.map_err(err)?;
-        Ok(Client { inner: client })
+    spawn(py, async move {
+        let client = b.build().await.map_err(Failure::from)?;
+        Ok::<_, Failure>(Client { inner: client })
     })
 }
 
@@ -261,14 +255,14 @@ impl Client {
 
     fn ping<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move { c.ping().await.map_err(err) })
+        spawn(py, async move { c.ping().await.map_err(Failure::from) })
     }
 
     fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             c.shutdown().await;
-            Ok(())
+            Ok::<_, Failure>(())
         })
     }
 
@@ -311,22 +305,24 @@ impl Client {
         if let Some(l) = label {
             b = b.label(l);
         }
-        future_into_py(py, async move {
-            let sem = b.open().await.map_err(err)?;
-            Ok(Semaphore { inner: sem })
+        spawn(py, async move {
+            let sem = b.open().await.map_err(Failure::from)?;
+            Ok::<_, Failure>(Semaphore { inner: sem })
         })
     }
 
     fn list_semaphores<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move { c.list_semaphores().await.map_err(err) })
+        spawn(py, async move {
+            c.list_semaphores().await.map_err(Failure::from)
+        })
     }
 
     /// The `Stats` as JSON (the schema of `redsem stats --json`).
     fn inspect<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
-            let s = c.inspect(&name).await.map_err(err)?;
+        spawn(py, async move {
+            let s = c.inspect(&name).await.map_err(Failure::from)?;
             stats_json(&s)
         })
     }
@@ -338,8 +334,10 @@ impl Client {
         new_limit: u32,
     ) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
-            c.resize_existing(&name, new_limit).await.map_err(err)
+        spawn(py, async move {
+            c.resize_existing(&name, new_limit)
+                .await
+                .map_err(Failure::from)
         })
     }
 
@@ -350,10 +348,10 @@ impl Client {
         holder_id: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             c.force_release_existing(&name, &holder_id)
                 .await
-                .map_err(err)
+                .map_err(Failure::from)
         })
     }
 
@@ -365,16 +363,18 @@ impl Client {
         force: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
-            c.delete_semaphore(&name, force).await.map_err(err)
+        spawn(py, async move {
+            c.delete_semaphore(&name, force)
+                .await
+                .map_err(Failure::from)
         })
     }
 
     fn flush_releases<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             c.flush_releases().await;
-            Ok(())
+            Ok::<_, Failure>(())
         })
     }
 
@@ -385,8 +385,9 @@ impl Client {
     }
 }
 
-fn stats_json(s: &redsem::Stats) -> PyResult<String> {
-    serde_json::to_string(s).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+fn stats_json(s: &redsem::Stats) -> Result<String, Failure> {
+    serde_json::to_string(s)
+        .map_err(|e| Failure::Runtime(format!("cannot serialise the stats: {e}")))
 }
 
 /// `redsem::Semaphore` (a handle).
@@ -434,28 +435,32 @@ impl Semaphore {
             o = o.timeout(d);
         }
         let sem = self.inner.clone();
-        future_into_py(py, async move {
-            let permit = sem.acquire_with(o).await.map_err(err)?;
-            Ok(Permit::new(permit))
+        spawn(py, async move {
+            let permit = sem.acquire_with(o).await.map_err(Failure::from)?;
+            Ok::<_, Failure>(Permit::new(permit))
         })
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(py, async move {
-            let st = s.stats().await.map_err(err)?;
+        spawn(py, async move {
+            let st = s.stats().await.map_err(Failure::from)?;
             stats_json(&st)
         })
     }
 
     fn resize<'py>(&self, py: Python<'py>, new_limit: u32) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(py, async move { s.resize(new_limit).await.map_err(err) })
+        spawn(py, async move {
+            s.resize(new_limit).await.map_err(Failure::from)
+        })
     }
 
     fn add_permits<'py>(&self, py: Python<'py>, delta: i64) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(py, async move { s.add_permits(delta).await.map_err(err) })
+        spawn(py, async move {
+            s.add_permits(delta).await.map_err(Failure::from)
+        })
     }
 
     fn force_release<'py>(
@@ -464,10 +469,9 @@ impl Semaphore {
         holder_id: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(
-            py,
-            async move { s.force_release(&holder_id).await.map_err(err) },
-        )
+        spawn(py, async move {
+            s.force_release(&holder_id).await.map_err(Failure::from)
+        })
     }
 
     fn close(&self) {
@@ -594,7 +598,7 @@ impl Permit {
     /// Resolves with the reason once lost; never if it is not.
     fn wait_lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let lost = self.lost.clone();
-        future_into_py(py, async move { Ok(lost_reason(lost.await)) })
+        spawn(py, async move { Ok::<_, Failure>(lost_reason(lost.await)) })
     }
 
     /// The `LeaseLost` exception for this permit (raised by `Permit.run` and `async with`
@@ -613,11 +617,11 @@ impl Permit {
         let lease = secs(py, "lease", lease)?;
         let inner = self.inner.clone();
         let name = self.semaphore.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             let mut g = inner.lock().await;
             match g.as_mut() {
-                Some(p) => p.set_lease(lease).await.map_err(err),
-                None => Err(err(Error::InvalidArgument(format!(
+                Some(p) => p.set_lease(lease).await.map_err(Failure::from),
+                None => Err(Failure::from(Error::InvalidArgument(format!(
                     "semaphore {name:?}: set_lease on a permit that was already released"
                 )))),
             }
@@ -627,11 +631,11 @@ impl Permit {
     /// Releases and waits for Redis to confirm. Idempotent (a second call does nothing).
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.inner.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             let p = inner.lock().await.take();
             match p {
-                Some(p) => p.release().await.map_err(err),
-                None => Ok(()),
+                Some(p) => p.release().await.map_err(Failure::from),
+                None => Ok::<_, Failure>(()),
             }
         })
     }
@@ -667,8 +671,10 @@ impl FencedStore {
         generation: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(py, async move {
-            s.check(Fence { slot, generation }).await.map_err(err)
+        spawn(py, async move {
+            s.check(Fence { slot, generation })
+                .await
+                .map_err(Failure::from)
         })
     }
 
@@ -681,10 +687,10 @@ impl FencedStore {
         value: Vec<u8>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
-        future_into_py(py, async move {
+        spawn(py, async move {
             s.write(Fence { slot, generation }, &key, &value)
                 .await
-                .map_err(err)
+                .map_err(Failure::from)
         })
     }
 }
@@ -706,8 +712,13 @@ fn constants(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+mod bridge;
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(bridge::_drain, m)?)?;
+    m.add_function(wrap_pyfunction!(bridge::_complete, m)?)?;
+    m.add_class::<bridge::CancelOnDone>()?;
     m.add_function(wrap_pyfunction!(connect, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(_mark_forked, m)?)?;

@@ -16,6 +16,7 @@ the same engine, protocol and CLI as the Rust programs it shares semaphores with
 `redsem` command line.
 """
 
+import atexit as _atexit
 import os as _os
 
 from . import _native
@@ -72,6 +73,9 @@ DEFAULT_PREFIX: str = _native.DEFAULT_PREFIX
 # Tokio's runtime and the parent's sockets cannot be used in a forked child: every native
 # entry point refuses there with a clear error instead of hanging.
 _os.register_at_fork(after_in_child=_native._mark_forked)
+# Before the interpreter finalises, the runtime's threads stop delivering results to Python
+# (one that attached then would abort the process); see src/bridge.rs.
+_atexit.register(_native._drain)
 
 __all__ = [
     "DEFAULT_PREFIX",
