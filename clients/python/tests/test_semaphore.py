@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
@@ -331,7 +332,7 @@ async def test_a_semaphore_of_another_protocol_version_is_refused(server: Server
 
 async def test_bad_arguments_are_refused_before_anything_is_sent(server: Server) -> None:
     async with await redsem.connect(server.url) as c:
-        bad: list[dict[str, float]] = [{"lease": 0.001}, {"renew_every": 6.0}, {"lease": float("nan")}]
+        bad: list[dict[str, Any]] = [{"lease": 0.001}, {"renew_every": 6.0}, {"lease": float("nan")}]
         for kwargs in bad:
             with pytest.raises(redsem.InvalidArgument) as err:
                 await c.semaphore("ok", limit=1, **kwargs)

@@ -4,6 +4,23 @@
 from collections.abc import Awaitable, Sequence
 from typing import final
 
+__all__ = [
+    "_complete",
+    "_drain",
+    "_mark_forked",
+    "CancelOnDone",
+    "Client",
+    "DEFAULT_PREFIX",
+    "FencedStore",
+    "MAX_DURATION",
+    "MAX_LIMIT",
+    "MAX_NAME_LEN",
+    "Permit",
+    "Semaphore",
+    "cli_main",
+    "connect",
+]
+
 MAX_LIMIT: int
 MAX_NAME_LEN: int
 MAX_DURATION: float
@@ -26,6 +43,12 @@ def connect(
 ) -> Awaitable[Client]: ...
 def cli_main(argv: Sequence[str]) -> int: ...
 def _mark_forked() -> None: ...
+def _drain() -> None: ...
+def _complete(future: object, ok: bool, value: object) -> None: ...
+@final
+class CancelOnDone:
+    def __call__(self, future: object, /) -> None: ...
+
 @final
 class Client:
     @property
