@@ -219,8 +219,8 @@ class Permit:
         return self._native.released
 
     def is_lost(self) -> bool:
-        """Lost, or its lease could have run out in Redis (the local deadline passed without
-        a trusted renewal). No I/O."""
+        """Lost, or its lease could have run out in Redis (its local deadline passed; the
+        crate's `Permit::is_lost`). No I/O."""
         return self._native.is_lost()
 
     def lease_left(self) -> float:
