@@ -30,14 +30,16 @@ def _free_port() -> int:
 class Server:
     """A throw-away redis-server without persistence."""
 
-    def __init__(self) -> None:
-        binary = os.environ.get("REDSEM_TEST_SERVER") or shutil.which("redis-server")
+    def __init__(self, extra: list[str] | None = None, binary: str | None = None) -> None:
+        binary = binary or os.environ.get("REDSEM_TEST_SERVER") or shutil.which("redis-server")
         if not binary:
             pytest.fail("no redis-server on PATH (run scripts/install-deps.sh)")
         for _ in range(5):
             self.port = _free_port()
+            self.tls_port = _free_port()
+            tls = [a.replace("{tls_port}", str(self.tls_port)) for a in extra or []]
             self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *tls],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -45,6 +47,8 @@ class Server:
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                    if extra:
+                        socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2).close()
                     return
                 except OSError:
                     time.sleep(0.02)
