@@ -49,9 +49,15 @@ impl Failure {
     }
 }
 
+static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+
+/// Whether [`runtime`] was built in this process (or in the parent it was forked from).
+pub(crate) fn runtime_started() -> bool {
+    RUNTIME.get().is_some()
+}
+
 /// The process-wide runtime (multi-thread, one worker per core), built at first use.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()

@@ -151,13 +151,17 @@ fn opt_secs(py: Python<'_>, what: &str, v: Option<f64>) -> PyResult<Option<Durat
     v.map(|v| secs(py, what, v)).transpose()
 }
 
-/// Set in a child process after `fork()` (`os.register_at_fork` in `redsem/__init__.py`):
-/// the Tokio runtime and the sockets of the parent cannot be used there.
+/// Set in a child process after `fork()` (`os.register_at_fork` in `redsem/__init__.py`) when
+/// the parent had started the Tokio runtime: its threads are gone in the child and the
+/// parent's sockets must not be shared, so every entry point refuses there.
 static FORKED: AtomicBool = AtomicBool::new(false);
 
 #[pyfunction]
 fn _mark_forked() {
-    FORKED.store(true, Ordering::SeqCst);
+    // A child of a process that never started the runtime can use the package normally.
+    if bridge::runtime_started() {
+        FORKED.store(true, Ordering::SeqCst);
+    }
 }
 
 fn check_fork(py: Python<'_>) -> PyResult<()> {

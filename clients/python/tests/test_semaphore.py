@@ -503,3 +503,24 @@ def test_a_program_whose_last_call_is_close_exits_cleanly(server: Server, name: 
         r = subprocess.run([sys.executable, "-c", LAST_CALL_CLOSE, server.url, f"{name}-{i}"],
                            capture_output=True, text=True, timeout=60)
         assert (r.returncode, r.stderr) == (0, ""), f"run {i}: {r}"
+
+
+FORKED_BEFORE_USE = textwrap.dedent("""
+    import asyncio, os, sys, redsem
+    async def use(url):
+        c = await redsem.connect(url)
+        await c.ping()
+        await c.close()
+    pid = os.fork()  # imported, never used: the child may use it
+    if pid == 0:
+        asyncio.run(use(sys.argv[1]))
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+""")
+
+
+def test_a_child_forked_before_any_use_can_use_the_package(server: Server) -> None:
+    out = subprocess.run([sys.executable, "-c", FORKED_BEFORE_USE, server.url], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out
