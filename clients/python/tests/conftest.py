@@ -47,7 +47,7 @@ class Server:
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                    if extra:
+                    if any("{tls_port}" in a for a in extra or []):
                         socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2).close()
                     return
                 except OSError:
