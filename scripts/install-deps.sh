@@ -8,9 +8,10 @@
 #     it: its clock_gettime recursion check fails)
 #   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
 #     `cargo test` without it)
-#   - a Python venv in .cache/interop-venv with the Python package (clients/python, with redis-py
-#     and pytest) installed, re-installed whenever the package's sources change: for its own
-#     tests and the Python/Rust interoperability tests (crates/redsem/tests/interop.rs)
+#   - a Python venv in .cache/interop-venv with the Python package (clients/python, the PyO3
+#     binding, built by maturin in the workspace target dir) and its test tools (pytest, mypy),
+#     re-built whenever its Python or Rust sources change: for its own tests, the CLI suite
+#     through `python -m redsem`, and the interoperability tests (crates/redsem/tests/interop.rs)
 # `bash scripts/install-deps.sh interop-python` runs only that last step.
 set -euo pipefail
 
@@ -136,12 +137,20 @@ install_nextest() {
 
 interop_venv="$root/.cache/interop-venv"
 py_pkg="$root/clients/python"
+# Test tools of the Python package, pinned (maturin builds it; mypy checks its types).
+py_tools=(maturin==1.16.0 pytest==9.2.0 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 mypy==2.4.1)
 
-# A hash of the Python package's sources: the venv is re-installed when it changes.
+# A hash of what the Python package is built from (its Python and Rust sources, and the Rust
+# crates it binds): the venv's package is re-built when it changes.
 py_pkg_stamp() {
-    (cd "$py_pkg" && find pyproject.toml README.md src -type f \( -name '*.py' -o -name '*.lua' \
-        -o -name '*.toml' -o -name '*.md' -o -name 'py.typed' \) -not -path '*.egg-info/*' | LC_ALL=C sort |
-        xargs sha256sum) | sha256sum | cut -d' ' -f1
+    (cd "$root" && {
+        echo "${py_tools[*]}"
+        find Cargo.toml Cargo.lock clients/python crates/redsem crates/redsem-cli -type f \
+            \( -name '*.py' -o -name '*.pyi' -o -name '*.rs' -o -name '*.lua' -o -name '*.toml' \
+            -o -name '*.md' -o -name 'py.typed' -o -name 'Cargo.lock' \) \
+            -not -path '*/tests/*' -not -path '*/target/*' -not -path '*/__pycache__/*' |
+            LC_ALL=C sort | xargs sha256sum
+    }) | sha256sum | cut -d' ' -f1
 }
 
 install_interop_python() {
@@ -151,9 +160,9 @@ install_interop_python() {
     flock 9
     local stamp
     stamp="$(py_pkg_stamp)"
-    if "$interop_venv/bin/python" -c 'import redis, redsem, pytest' 2>/dev/null &&
+    if "$interop_venv/bin/python" -c 'import redsem._native, pytest, mypy' 2>/dev/null &&
         [ "$(cat "$interop_venv/.redsem-stamp" 2>/dev/null)" = "$stamp" ]; then
-        log "interop python: redis-py $("$interop_venv/bin/python" -c 'import redis; print(redis.__version__)'), redsem from clients/python ($interop_venv)"
+        log "interop python: redsem $("$interop_venv/bin/python" -c 'import redsem; print(redsem.__version__)') from clients/python ($interop_venv)"
         exec 9>&-
         return
     fi
@@ -167,14 +176,17 @@ install_interop_python() {
         rm -rf "$interop_venv"
         python3 -m venv "$interop_venv"
     fi
-    log "installing clients/python (with its test extra) into $interop_venv"
-    # Build from a copy: an in-tree build would leave build/ and *.egg-info in the worktree.
-    local src
-    src="$(mktemp -d)"
-    cp -r "$py_pkg/pyproject.toml" "$py_pkg/README.md" "$py_pkg/src" "$src/"
-    "$interop_venv/bin/pip" uninstall --quiet --disable-pip-version-check -y redsem >/dev/null 2>&1 || true
-    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check "$src[test]"
-    rm -rf "$src"
+    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check "${py_tools[@]}"
+    # The binding (clients/python: PyO3 + maturin) is built from source with cargo, in the
+    # workspace's one target dir and the dev profile of every other test build, into a wheel
+    # outside the worktree, then installed (not editable: nothing is left in the worktree).
+    log "building clients/python (maturin, dev profile, target dir ${CARGO_TARGET_DIR:-$root/target}) into $interop_venv"
+    local out
+    out="$(mktemp -d)"
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" "$interop_venv/bin/maturin" build --quiet \
+        --profile dev -m "$py_pkg/Cargo.toml" -i "$interop_venv/bin/python" --out "$out"
+    "$interop_venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$out"/redsem-*.whl
+    rm -rf "$out"
     echo "$stamp" >"$interop_venv/.redsem-stamp"
     exec 9>&-
 }

@@ -3,7 +3,7 @@
 #   bash scripts/test.sh [ARGS...]
 # installs the test dependencies (scripts/install-deps.sh), checks formatting and clippy,
 # runs every test of the workspace against Redis and Valkey, then the doc tests, the Python
-# package's tests and the chaos run.
+# package's tests, types and CLI suite (through `python -m redsem`), and the chaos run.
 # ARGS go to the test runner (`cargo nextest run`, or `cargo test` without nextest),
 # e.g. a test-name filter. Exits non-zero when any step fails; the steps after a failing
 # lint still run, so one run reports everything.
@@ -42,14 +42,25 @@ else
     run tests cargo test --workspace --all-targets --all-features --no-fail-fast -- "$@"
 fi
 run doctests cargo test --workspace --doc --all-features
-# The Python package (clients/python): its Lua scripts must be the crate's, and its tests
-# run on the package as installed in .cache/interop-venv by install-deps, against Redis and
-# against Valkey (pytest's exit 5, "no tests collected", fails the step too: they must run).
-run python-scripts diff -r crates/redsem/src/scripts clients/python/src/redsem/scripts \
-    --exclude='*.rs'
-run python .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
+# The Python package (clients/python, the PyO3 binding), as built into .cache/interop-venv by
+# install-deps: its tests against Redis and against Valkey (pytest's exit 5, "no tests
+# collected", fails the step too: they must run), its types (mypy --strict on the package, its
+# tests and the interop worker; stubtest of the compiled module against _native.pyi), and the
+# CLI's test suite through `python -m redsem` (the same Rust CLI, run in-process; the build of
+# the tests step is reused).
+py=.cache/interop-venv/bin/python
+run python "$py" -m pytest -q -p no:cacheprovider clients/python/tests
 run python-valkey env REDSEM_TEST_SERVER="$PWD/.cache/valkey/valkey-server" \
-    .cache/interop-venv/bin/python -m pytest -q -p no:cacheprovider clients/python/tests
+    "$py" -m pytest -q -p no:cacheprovider clients/python/tests
+run python-types "$py" -m mypy --strict clients/python/python/redsem clients/python/tests interop/python/worker.py
+run python-stubs "$py" -m mypy.stubtest redsem._native
+if cargo nextest --version >/dev/null 2>&1; then
+    run python-cli env REDSEM_CLI_LAUNCHER="$PWD/$py -m redsem" \
+        cargo nextest run --workspace --all-features --no-fail-fast --profile ci -E 'package(redsem-cli)'
+else
+    run python-cli env REDSEM_CLI_LAUNCHER="$PWD/$py -m redsem" \
+        cargo test -p redsem-cli --all-features --no-fail-fast
+fi
 # The bounded chaos run: 40 s of faults with seed 1, then 40 s with a random seed (printed
 # first, with the command that reproduces it); any violation fails the step, and the logs
 # of a failing run are kept under target/chaos/.

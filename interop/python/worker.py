@@ -1,5 +1,5 @@
 """A Python worker for the interoperability tests (crates/redsem/tests/interop.rs), written on
-the installed `redsem` package (clients/python).
+the installed `redsem` package (clients/python: the PyO3 binding over the Rust crate).
 
     python worker.py --url redis://... --name S --limit N [--lease-ms MS] [--threads T]
                      [--count C] [--hold-ms MS] [--label L]
@@ -56,8 +56,8 @@ async def main() -> int:
     results = await asyncio.gather(*(task() for _ in range(a.threads)), return_exceptions=True)
     await client.close()
     errors = [r for r in results if isinstance(r, BaseException)]
-    for e in errors:
-        print(f"worker: {e!r}", file=sys.stderr)
+    for err in errors:
+        print(f"worker: {err!r}", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -1,9 +1,11 @@
 """Fixtures: a private redis-server on a free loopback port (never 6379), and helpers.
 
 The server binary is `$REDSEM_TEST_SERVER` if set (e.g. a valkey-server), else `redis-server`
-on PATH. Tests import the *installed* `redsem` package (this directory is not a package and
-the source tree is not on sys.path).
+on PATH. Tests import the *installed* `redsem` package (the compiled binding); this directory
+is not a package.
 """
+
+from __future__ import annotations
 
 import asyncio
 import os
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -20,25 +23,32 @@ import pytest
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Server:
     """A throw-away redis-server without persistence."""
 
-    def __init__(self) -> None:
-        binary = os.environ.get("REDSEM_TEST_SERVER") or shutil.which("redis-server")
+    def __init__(self, extra: list[str] | None = None, binary: str | None = None) -> None:
+        binary = binary or os.environ.get("REDSEM_TEST_SERVER") or shutil.which("redis-server")
         if not binary:
             pytest.fail("no redis-server on PATH (run scripts/install-deps.sh)")
         for _ in range(5):
             self.port = _free_port()
+            self.tls_port = _free_port()
+            tls = [a.replace("{tls_port}", str(self.tls_port)) for a in extra or []]
             self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *tls],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                    if any("{tls_port}" in a for a in extra or []):
+                        socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2).close()
                     return
                 except OSError:
                     time.sleep(0.02)
@@ -49,21 +59,51 @@ class Server:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/"
 
+    def command(self, *args: str | int) -> object:
+        """Sends one command with a plain RESP2 connection and returns the reply (bulk
+        strings as str, integers as int, arrays as lists; errors raise RuntimeError)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as s:
+            parts = [str(a).encode() for a in args]
+            s.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+            f = s.makefile("rb")
+            return _read_reply(f)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
 
 
+def _read_reply(f: object) -> object:
+    line: bytes = f.readline()  # type: ignore[attr-defined]
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data: bytes = f.read(n + 2)  # type: ignore[attr-defined]
+        return data[:-2].decode()
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_read_reply(f) for _ in range(n)]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
 @pytest.fixture(scope="session")
-def server():
+def server() -> Iterator[Server]:
     s = Server()
     yield s
     s.stop()
 
 
 @pytest.fixture
-def own_server():
+def own_server() -> Iterator[Server]:
     """A server of the test's own (for tests that pause or break it)."""
     s = Server()
     yield s
@@ -76,17 +116,19 @@ def name() -> str:
     return "t-" + uuid.uuid4().hex[:10]
 
 
-def run(coro):
-    """Runs a coroutine to completion in a fresh event loop."""
-    return asyncio.run(coro)
+async def until(cond: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """Polls the async predicate `cond` until it holds; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 def python() -> str:
     return sys.executable
 
 
-def pytest_report_header(config):
-    import redis
+def pytest_report_header(config: pytest.Config) -> str:
     import redsem
 
-    return f"redsem {redsem.__version__} from {os.path.dirname(redsem.__file__)}; redis-py {redis.__version__}"
+    return f"redsem {redsem.__version__} from {os.path.dirname(redsem.__file__)}"

@@ -342,6 +342,13 @@ impl Error {
         }
     }
 
+    /// [`Error::LeaseLost`], for the language bindings (clients/python, clients/node), whose
+    /// `Permit.run` runs work of the host language and reports the loss with this error.
+    #[doc(hidden)]
+    pub fn lease_lost_for_binding(name: &str, reason: LostReason) -> Error {
+        Error::lease_lost(name, reason)
+    }
+
     pub(crate) fn lease_lost(name: &str, reason: LostReason) -> Error {
         Error::LeaseLost {
             name: name.to_owned(),

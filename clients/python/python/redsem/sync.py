@@ -1,0 +1,234 @@
+"""The blocking API, for code without an event loop: the asyncio API runs on an event loop in
+a daemon thread of the client's, and each call waits for its result (the Rust work itself
+runs on the package's Tokio runtime, as in the asyncio API).
+
+    from redsem.sync import Client
+
+    with Client("redis://127.0.0.1:6379/") as client:
+        sem = client.semaphore("licence-server", limit=4)
+        with sem.acquire(timeout=30) as permit:
+            work(permit.slots[0])
+            if permit.is_lost():
+                raise SystemExit("lost the slot")
+
+Blocking work cannot be cancelled from outside: check `permit.is_lost()` (or
+`permit.lost.is_set()`). Ctrl-C (KeyboardInterrupt) during a blocking call cancels the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from . import _client
+from ._client import AcquireOptions, Fence, ForceReleased, Resized, Stats
+
+T = TypeVar("T")
+
+__all__ = ["Client", "FencedStore", "LostSignal", "Permit", "Semaphore"]
+
+
+class Client:
+    """`redsem.Client` behind a private event loop thread. Same arguments as
+    `redsem.connect` (`url` defaults as there); connects at once. Close it (or use `with`)."""
+
+    def __init__(self, url: str | None = None, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="redsem", daemon=True)
+        self._thread.start()
+        try:
+            self._client = self._run(_client.connect(url, **kwargs))
+        except BaseException:
+            self._stop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:  # KeyboardInterrupt, a timeout: cancel the call in the loop too
+            fut.cancel()
+            raise
+
+    def ping(self) -> None:
+        self._run(self._client.ping())
+
+    def semaphore(self, name: str, **kwargs: Any) -> Semaphore:
+        """Opens a semaphore: see `redsem.Client.semaphore` (same arguments)."""
+        return Semaphore(self, self._run(self._client.semaphore(name, **kwargs)))
+
+    def list_semaphores(self) -> list[str]:
+        return self._run(self._client.list_semaphores())
+
+    def inspect(self, name: str) -> Stats:
+        return self._run(self._client.inspect(name))
+
+    def resize_existing(self, name: str, new_limit: int) -> Resized:
+        return self._run(self._client.resize_existing(name, new_limit))
+
+    def force_release(self, name: str, holder_id: str) -> ForceReleased | None:
+        return self._run(self._client.force_release(name, holder_id))
+
+    def delete_semaphore(self, name: str, *, force: bool = False) -> int:
+        return self._run(self._client.delete_semaphore(name, force=force))
+
+    def fenced_store(self, fence_key: str) -> FencedStore:
+        return FencedStore(self, self._client.fenced_store(fence_key))
+
+    def flush(self) -> None:
+        self._run(self._client.flush())
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def close(self) -> None:
+        """Shuts the client down (see `redsem.Client.close`) and stops the loop thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Semaphore:
+    """A blocking `redsem.Semaphore`."""
+
+    def __init__(self, client: Client, sem: _client.Semaphore) -> None:
+        self._client, self._sem = client, sem
+
+    @property
+    def name(self) -> str:
+        return self._sem.name
+
+    @property
+    def limit(self) -> int:
+        return self._sem.limit
+
+    def acquire(
+        self,
+        permits: int = 1,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        label: str | None = None,
+    ) -> Permit:
+        """Blocks until `permits` permits are granted (FIFO), at most `timeout` seconds."""
+        return self.acquire_with(AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label))
+
+    def try_acquire(self, permits: int = 1, *, lease: float | None = None, label: str | None = None) -> Permit:
+        """Only if free now and nobody is queued first, else `NoPermits`."""
+        return self.acquire_with(AcquireOptions(permits=permits, lease=lease, label=label, try_only=True))
+
+    def acquire_with(self, options: AcquireOptions) -> Permit:
+        async def go() -> _client.Permit:
+            return await self._sem.acquire_with(options, cancel_on_loss=False)
+
+        return Permit(self._client, self._client._run(go()))
+
+    def stats(self) -> Stats:
+        return self._client._run(self._sem.stats())
+
+    def resize(self, new_limit: int) -> Resized:
+        return self._client._run(self._sem.resize(new_limit))
+
+    def add_permits(self, delta: int) -> Resized:
+        return self._client._run(self._sem.add_permits(delta))
+
+    def force_release(self, holder_id: str) -> bool:
+        return self._client._run(self._sem.force_release(holder_id))
+
+    def close(self) -> None:
+        self._client._run(self._sem.close())
+
+
+class LostSignal:
+    """The read side of a `threading.Event` set when the permit is lost."""
+
+    def __init__(self, client: Client, permit: _client.Permit) -> None:
+        self._client, self._permit = client, permit
+
+    def is_set(self) -> bool:
+        return self._permit.lost.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until lost (True) or `timeout` seconds passed (False)."""
+        try:
+            self._client._run(self._permit.lost.wait(), timeout)
+            return True
+        except concurrent.futures.TimeoutError:
+            return False
+
+
+class Permit:
+    """A blocking `redsem.Permit`; a context manager that releases it on exit."""
+
+    def __init__(self, client: Client, permit: _client.Permit) -> None:
+        self._client, self._permit = client, permit
+        self.slots: list[int] = permit.slots
+        self.fences: list[Fence] = permit.fences
+        self.lost = LostSignal(client, permit)
+
+    @property
+    def holder_id(self) -> str:
+        return self._permit.holder_id
+
+    @property
+    def ticket(self) -> int:
+        return self._permit.ticket
+
+    @property
+    def permits(self) -> int:
+        return self._permit.permits
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._permit.lost_reason
+
+    def is_lost(self) -> bool:
+        return self._permit.is_lost()
+
+    def lease_left(self) -> float:
+        return self._permit.lease_left()
+
+    def set_lease(self, lease: float) -> None:
+        self._client._run(self._permit.set_lease(lease))
+
+    def release(self) -> None:
+        self._client._run(self._permit.release())
+
+    def detach(self) -> None:
+        self._permit.detach()
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return repr(self._permit)
+
+
+class FencedStore:
+    """A blocking `redsem.FencedStore`."""
+
+    def __init__(self, client: Client, store: _client.FencedStore) -> None:
+        self._client, self._store = client, store
+
+    def check(self, fence: Fence) -> bool:
+        return self._client._run(self._store.check(fence))
+
+    def write(self, fence: Fence, key: str, value: bytes | str) -> bool:
+        return self._client._run(self._store.write(fence, key, value))

@@ -1,8 +1,0 @@
-"""`python -m redsem`: see `redsem.cli`."""
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
