@@ -852,8 +852,40 @@ impl FencedStore {
 /// Runs the `redsem` command line in this process (`npx redsem …`): `args` are the words
 /// after the program name. Blocks the calling thread until the command is done (the CLI
 /// builds its own runtime) and returns its exit status.
+///
+/// The process becomes the command line, as the standalone binary, so two things Node.js
+/// set up at start are undone first:
+/// - Node.js opens the standard streams (fds 0–2) close-on-exec; the CLI's `run` hands
+///   them to the command it starts, so that flag is cleared;
+/// - Node.js handles SIGINT and SIGTERM itself (it restores the terminal and dies of the
+///   signal), which would kill the process before the CLI forwards the signal to its
+///   command and releases: their default dispositions are restored, and the CLI installs
+///   its own handlers, as in the binary.
 #[napi]
 pub fn cli_main(args: Vec<String>) -> u32 {
+    #[cfg(unix)]
+    become_the_cli();
     let argv = std::iter::once("redsem".to_owned()).chain(args);
     u32::from(redsem_cli::main(argv))
+}
+
+#[cfg(unix)]
+fn become_the_cli() {
+    for fd in 0..=2 {
+        // SAFETY: fcntl on a descriptor number only reads and sets its flags; an fd that is
+        // not open makes it fail with EBADF, which is ignored
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC != 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            }
+        }
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: restores the default disposition, before any handler of the CLI exists;
+        // no other thread of this process relies on Node.js's handlers from here on
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
 }
