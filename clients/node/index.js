@@ -174,7 +174,7 @@ class Client {
   forceReleaseExisting(name, holderId) {
     return call(() => this.#native.forceReleaseExisting(name, holderId));
   }
-  deleteSemaphore(name, options) {
+  async deleteSemaphore(name, options) {
     const { force = false } = checkKeys('deleteSemaphore', options, ['force']);
     return call(() => this.#native.deleteSemaphore(name, force));
   }
@@ -195,11 +195,11 @@ class Semaphore {
   get isClosed() { return this.#native.isClosed; }
   localCounts() { return this.#native.localCounts(); }
 
-  acquire(options) {
+  async acquire(options) {
     return this.#acquire(checkKeys('acquire', options, ACQUIRE_OPTIONS), false);
   }
 
-  tryAcquire(options) {
+  async tryAcquire(options) {
     return this.#acquire(checkKeys('tryAcquire', options, TRY_ACQUIRE_OPTIONS), true);
   }
 
