@@ -356,9 +356,7 @@ impl Client {
 
     #[napi]
     pub async fn semaphore(&self, name: String, options: SemaphoreOptions) -> Result<Semaphore> {
-        let mut b = self
-            .inner
-            .semaphore(name, to_u32("limit", options.limit)?);
+        let mut b = self.inner.semaphore(name, to_u32("limit", options.limit)?);
         if let Some(l) = options.lease_ms {
             b = b.lease(to_duration("leaseMs", l)?);
         }
@@ -597,7 +595,11 @@ impl Permit {
     }
 
     fn with<T>(&self, f: impl FnOnce(&redsem::Permit) -> T) -> Option<T> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(f)
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
     }
 
     fn take(&self) -> Option<redsem::Permit> {
@@ -690,7 +692,10 @@ impl Permit {
         // the crate's own message of Error::LeaseLost (which it builds only inside)
         let js = JsError::new(
             "ERR_REDSEM_LEASE_LOST",
-            format!("semaphore {:?}: the slot was lost: {reason}", self.semaphore),
+            format!(
+                "semaphore {:?}: the slot was lost: {reason}",
+                self.semaphore
+            ),
         )
         .str("reason", lost_reason(reason))
         .str("semaphore", self.semaphore.clone());

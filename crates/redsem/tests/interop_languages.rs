@@ -93,7 +93,10 @@ fn python() -> Option<PathBuf> {
         .get_or_init(|| {
             if let Some(p) = std::env::var_os("REDSEM_PYTHON").filter(|p| !p.is_empty()) {
                 let p = PathBuf::from(p);
-                assert!(python_imports_redsem(&p), "REDSEM_PYTHON={p:?} cannot import redsem");
+                assert!(
+                    python_imports_redsem(&p),
+                    "REDSEM_PYTHON={p:?} cannot import redsem"
+                );
                 return Some(p);
             }
             let python = root().join(".cache/interop-venv/bin/python");
