@@ -2,7 +2,7 @@
 //!
 //! This file only converts: JavaScript values to the crate's arguments, the crate's results
 //! to JavaScript objects, and [`redsem::Error`] to one JSON-encoded napi error (see
-//! [`to_js`]) that `index.js` turns into an `Error` subclass with a `code`. Every rule of the
+//! `to_js`) that `index.js` turns into an `Error` subclass with a `code`. Every rule of the
 //! protocol (leases, renewals, batching, FIFO, fencing) is the crate's. The public API, with
 //! its documentation and types, is `index.js` / `index.d.ts`; this module's exports are
 //! internal.
