@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// Builds the native module from source: `cargo build` of the crate in this folder, then
+// Builds the native module from source: `cargo build` of the crate in this folder (or of its
+// copy in rust/, in a packed tarball: see scripts/vendor.js), then
 // copies the library to native/redsem.node (what index.js loads).
 //
 //   node scripts/build.js [--release] [--profile NAME]
@@ -15,7 +16,11 @@ const path = require('node:path');
 
 const here = path.resolve(__dirname, '..');
 const args = process.argv.slice(2);
-const cargoArgs = ['build', '--lib', '--manifest-path', path.join(here, 'Cargo.toml'),
+// from a packed tarball: the Rust sources vendored by scripts/vendor.js; in the repository:
+// this folder's crate, a member of the repository's workspace
+const vendored = path.join(here, 'rust', 'clients', 'node', 'Cargo.toml');
+const manifest = fs.existsSync(vendored) ? vendored : path.join(here, 'Cargo.toml');
+const cargoArgs = ['build', '--lib', '--manifest-path', manifest,
   '--message-format=json-render-diagnostics'];
 for (let i = 0; i < args.length; i++) {
   if (args[i] === '--release') cargoArgs.push('--release');
