@@ -3,7 +3,7 @@
 //
 // Redis is `redis-server` on PATH (or $REDSEM_REDIS_SERVER); Valkey is
 // $REDSEM_VALKEY_SERVER, else the repository's .cache/valkey/valkey-server (made by
-// `bash scripts/install-deps.sh valkey`). A missing Valkey skips its tests with a message,
+// `bash scripts/install-deps.sh valkey`), else valkey-server on PATH. A missing Valkey skips its tests with a message,
 // unless REDSEM_REQUIRE_VALKEY=1.
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -31,8 +31,9 @@ export function flavors() {
   out.push(onPath(redis) || fs.existsSync(redis)
     ? { flavor: 'redis', binary: redis }
     : { flavor: 'redis', skip: 'redis-server is not on PATH' });
-  const valkey = process.env.REDSEM_VALKEY_SERVER || repoValkey;
-  if (fs.existsSync(valkey)) {
+  const valkey = process.env.REDSEM_VALKEY_SERVER
+    || (fs.existsSync(repoValkey) || !onPath('valkey-server') ? repoValkey : 'valkey-server');
+  if (fs.existsSync(valkey) || onPath(valkey)) {
     out.push({ flavor: 'valkey', binary: valkey });
   } else if (process.env.REDSEM_REQUIRE_VALKEY === '1') {
     throw new Error(`REDSEM_REQUIRE_VALKEY=1 but there is no ${valkey}: run scripts/install-deps.sh valkey`);
