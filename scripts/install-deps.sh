@@ -12,7 +12,11 @@
 #     binding, built by maturin in the workspace target dir) and its test tools (pytest, mypy),
 #     re-built whenever its Python or Rust sources change: for its own tests, the CLI suite
 #     through `python -m redsem`, and the interoperability tests (crates/redsem/tests/interop.rs)
-# `bash scripts/install-deps.sh interop-python` runs only that last step.
+#   - the Node.js package (clients/node): its npm dev dependencies (TypeScript, for the type
+#     check) and its native module, built from source by cargo in the workspace's target dir
+#     ($CARGO_TARGET_DIR if set; debug profile, $REDSEM_NODE_PROFILE=release for an optimised
+#     one); cargo rebuilds only when the Rust sources changed. Needs Node.js >= 20 on PATH
+# `bash scripts/install-deps.sh interop-python` (or `node`) runs only that step.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -191,6 +195,31 @@ install_interop_python() {
     exec 9>&-
 }
 
+node_pkg="$root/clients/node"
+
+install_node() {
+    if ! command -v node >/dev/null || ! node -e 'process.exit(parseInt(process.versions.node, 10) < 20 ? 1 : 0)'; then
+        log "node: Node.js >= 20 is needed on PATH for clients/node (found: $(node --version 2>/dev/null || echo none))"
+        return 1
+    fi
+    mkdir -p "$root/.cache"
+    # one builder at a time (test processes may call this concurrently)
+    exec 8>"$root/.cache/node.lock"
+    flock 8
+    local stamp
+    stamp="$(sha256sum "$node_pkg/package.json" "$node_pkg/package-lock.json" | sha256sum | cut -d' ' -f1)"
+    if [ "$(cat "$node_pkg/node_modules/.redsem-stamp" 2>/dev/null)" != "$stamp" ]; then
+        log "node: npm ci in clients/node (dev dependencies; the native module is built next)"
+        (cd "$node_pkg" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+        echo "$stamp" >"$node_pkg/node_modules/.redsem-stamp"
+    fi
+    local profile=()
+    [ "${REDSEM_NODE_PROFILE:-dev}" = dev ] || profile=(--profile "$REDSEM_NODE_PROFILE")
+    (cd "$node_pkg" && node scripts/build.js "${profile[@]}")
+    log "node: $(node --version), clients/node/native/redsem.node"
+    exec 8>&-
+}
+
 # `install-deps.sh STEP...` runs only those steps (e.g. `interop-python`); none: all.
 if [ "$#" -gt 0 ]; then
     for step in "$@"; do
@@ -200,7 +229,8 @@ if [ "$#" -gt 0 ]; then
             faketime) install_faketime ;;
             nextest) install_nextest ;;
             interop-python) install_interop_python ;;
-            *) log "unknown step $step (redis, valkey, faketime, nextest, interop-python)"; exit 2 ;;
+            node) install_node ;;
+            *) log "unknown step $step (redis, valkey, faketime, nextest, interop-python, node)"; exit 2 ;;
         esac
     done
     exit 0
@@ -211,3 +241,4 @@ install_valkey
 install_faketime
 install_nextest
 install_interop_python
+install_node

@@ -3,7 +3,8 @@
 #   bash scripts/test.sh [ARGS...]
 # installs the test dependencies (scripts/install-deps.sh), checks formatting and clippy,
 # runs every test of the workspace against Redis and Valkey, then the doc tests, the Python
-# package's tests, types and CLI suite (through `python -m redsem`), and the chaos run.
+# package's tests, types and CLI suite (through `python -m redsem`), the Node.js package's
+# types, tests and CLI suite (through its entry point), and the chaos run.
 # ARGS go to the test runner (`cargo nextest run`, or `cargo test` without nextest),
 # e.g. a test-name filter. Exits non-zero when any step fails; the steps after a failing
 # lint still run, so one run reports everything.
@@ -59,6 +60,18 @@ if cargo nextest --version >/dev/null 2>&1; then
         cargo nextest run --workspace --all-features --no-fail-fast --profile ci -E 'package(redsem-cli)'
 else
     run python-cli env REDSEM_CLI_LAUNCHER="$PWD/$py -m redsem" \
+        cargo test -p redsem-cli --all-features --no-fail-fast
+fi
+# The Node.js package (clients/node, built by install-deps): its types (tsc), its tests against
+# Redis and Valkey, and the CLI suite through its entry point (`npx redsem`: bin/redsem.js).
+run node-types npm --prefix clients/node run --silent typecheck
+run node npm --prefix clients/node test
+# (--workspace --all-features, as the tests step: its test binaries are reused, not rebuilt)
+if cargo nextest --version >/dev/null 2>&1; then
+    run cli-node env REDSEM_CLI_LAUNCHER="node $PWD/clients/node/bin/redsem.js" \
+        cargo nextest run --workspace --all-features --no-fail-fast --profile ci -E 'package(redsem-cli)'
+else
+    run cli-node env REDSEM_CLI_LAUNCHER="node $PWD/clients/node/bin/redsem.js" \
         cargo test -p redsem-cli --all-features --no-fail-fast
 fi
 # The bounded chaos run: 40 s of faults with seed 1, then 40 s with a random seed (printed

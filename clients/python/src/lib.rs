@@ -483,14 +483,20 @@ impl Semaphore {
     fn resize<'py>(&self, py: Python<'py>, new_limit: u32) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {
-            s.resize(new_limit).await.map(resized).map_err(Failure::from)
+            s.resize(new_limit)
+                .await
+                .map(resized)
+                .map_err(Failure::from)
         })
     }
 
     fn add_permits<'py>(&self, py: Python<'py>, delta: i64) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {
-            s.add_permits(delta).await.map(resized).map_err(Failure::from)
+            s.add_permits(delta)
+                .await
+                .map(resized)
+                .map_err(Failure::from)
         })
     }
 

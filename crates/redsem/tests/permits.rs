@@ -117,14 +117,24 @@ async fn add_permits_existing_changes_an_existing_limit_and_creates_nothing() {
                 == 1)
             .await
         );
-        assert_eq!(admin.add_permits_existing("add-ex", 1).await.unwrap().limit, 3);
+        assert_eq!(
+            admin.add_permits_existing("add-ex", 1).await.unwrap().limit,
+            3
+        );
         let p = tokio::time::timeout(Duration::from_secs(2), waiter)
             .await
             .expect("granted by the growth")
             .unwrap()
             .unwrap();
         assert_eq!(p.slots(), [2]);
-        assert_eq!(admin.add_permits_existing("add-ex", -2).await.unwrap().limit, 1);
+        assert_eq!(
+            admin
+                .add_permits_existing("add-ex", -2)
+                .await
+                .unwrap()
+                .limit,
+            1
+        );
         let e = admin.add_permits_existing("add-ex", -1).await.unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
         assert!(e.to_string().contains("its limit is 1"), "{e}");

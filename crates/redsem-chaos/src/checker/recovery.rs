@@ -143,7 +143,9 @@ impl Recovery {
             let killed_at = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
             let deadline = self.leases_lost[sem]
                 .iter()
-                .filter(|&&(at, _)| at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now)
+                .filter(|&&(at, _)| {
+                    at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now
+                })
                 .fold(deadline, |d, &(_, bound)| d.max(bound));
             let killed = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
             if now < killed {

@@ -1,0 +1,407 @@
+// The package's behaviour against real servers (Redis and Valkey, started by the test):
+// acquire/release, FIFO, timeouts, tryAcquire, loss, AbortSignal, errors, stats, operator
+// calls, fencing, shutdown, and a burst of 3,000 acquires on one client.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+
+import { eventually, flavors, startServer } from './servers.mjs';
+
+const require = createRequire(import.meta.url);
+const redsem = require('../index.js');
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+for (const { flavor, binary, skip } of flavors()) {
+  describe(flavor, { skip, timeout: 120_000 }, () => {
+    let server;
+    let client;
+    before(async () => {
+      server = await startServer(binary);
+      client = await redsem.connect(server.url, { connectTimeoutMs: 5000 });
+    });
+    after(async () => {
+      await client?.close();
+      server?.stop();
+    });
+
+    /** Holders and waiters in Redis, read fresh. */
+    async function counts(sem) {
+      const s = await sem.stats();
+      return { holders: s.holders.length, waiters: s.waiters.length, inUse: s.inUse };
+    }
+
+    test('acquire gives slots, fences and a ticket; release frees the slot', async () => {
+      const sem = await client.semaphore('basic', { limit: 2, leaseMs: 3000 });
+      assert.equal(sem.name, 'basic');
+      assert.equal(sem.limit, 2);
+      const a = await sem.acquire();
+      const b = await sem.acquire({ label: 'job b' });
+      assert.deepEqual([...a.slots, ...b.slots].sort(), [0, 1]);
+      for (const p of [a, b]) {
+        assert.equal(p.fences.length, 1);
+        assert.match(p.fences[0], /^\d+:\d+$/);
+        assert.equal(Number(p.fences[0].split(':')[0]), p.slots[0]);
+        assert.equal(p.semaphore, 'basic');
+        assert.equal(p.numPermits, 1);
+        assert.equal(p.isLost, false);
+        assert.equal(p.lostReason, null);
+        assert.ok(p.leaseLeftMs > 0 && p.leaseLeftMs <= 3000, `${p.leaseLeftMs}`);
+        assert.equal(p.leaseMs, 3000);
+      }
+      assert.ok(b.ticket > a.ticket);
+      const stats = await sem.stats();
+      assert.equal(stats.inUse, 2);
+      assert.equal(stats.available, 0);
+      assert.deepEqual(stats.holders.map((h) => h.label).filter((l) => l === 'job b'), ['job b']);
+      assert.deepEqual(
+        stats.holders.map((h) => h.id).sort(),
+        [a.holderId, b.holderId].sort(),
+      );
+      await a.release();
+      await a.release(); // a no-op once released
+      assert.equal(a.isReleased, true);
+      await b.release();
+      assert.deepEqual(await counts(sem), { holders: 0, waiters: 0, inUse: 0 });
+    });
+
+    test('waiters are granted in FIFO order', async () => {
+      const sem = await client.semaphore('fifo', { limit: 1 });
+      const first = await sem.acquire();
+      const order = [];
+      const waiters = [];
+      for (let i = 0; i < 6; i++) {
+        waiters.push(sem.acquire().then(async (p) => {
+          order.push(i);
+          await sleep(5);
+          await p.release();
+        }));
+        // this one is queued before the next one starts
+        assert.ok(await eventually(async () => (await counts(sem)).waiters === i + 1));
+      }
+      await first.release();
+      await Promise.all(waiters);
+      assert.deepEqual(order, [0, 1, 2, 3, 4, 5]);
+    });
+
+    test('several permits at once, and a per-acquire lease', async () => {
+      const sem = await client.semaphore('many', { limit: 3, leaseMs: 2000 });
+      const p = await sem.acquire({ permits: 2, leaseMs: 9000 });
+      assert.deepEqual(p.slots, [0, 1]);
+      assert.equal(p.fences.length, 2);
+      assert.equal(p.numPermits, 2);
+      assert.equal(p.leaseMs, 9000);
+      await p.setLease(6000);
+      assert.equal(p.leaseMs, 6000);
+      await assert.rejects(sem.acquire({ permits: 4 }), (e) => {
+        assert.ok(e instanceof redsem.TooManyPermitsError);
+        assert.equal(e.code, 'ERR_REDSEM_TOO_MANY_PERMITS');
+        assert.equal(e.requested, 4);
+        assert.equal(e.limit, 3);
+        return true;
+      });
+      await p.release();
+    });
+
+    test('a timeout gives up the place in the queue', async () => {
+      const sem = await client.semaphore('timeout', { limit: 1 });
+      const held = await sem.acquire();
+      const started = Date.now();
+      await assert.rejects(sem.acquire({ timeoutMs: 300 }), (e) => {
+        assert.ok(e instanceof redsem.TimeoutError);
+        assert.ok(e instanceof redsem.RedsemError);
+        assert.ok(e instanceof Error);
+        assert.equal(e.name, 'TimeoutError');
+        assert.equal(e.code, 'ERR_REDSEM_TIMEOUT');
+        assert.equal(e.semaphore, 'timeout');
+        assert.equal(e.timeoutMs, 300);
+        assert.equal(e.retryable, true);
+        return true;
+      });
+      assert.ok(Date.now() - started >= 250);
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 0));
+      await held.release();
+    });
+
+    test('tryAcquire takes a free permit and never queues', async () => {
+      const sem = await client.semaphore('try', { limit: 1 });
+      const p = await sem.tryAcquire({ label: 'try' });
+      await assert.rejects(sem.tryAcquire(), (e) => {
+        assert.ok(e instanceof redsem.NoPermitsError);
+        assert.equal(e.code, 'ERR_REDSEM_NO_PERMITS');
+        assert.equal(e.reason, 'noneFree');
+        assert.equal(e.semaphore, 'try');
+        return true;
+      });
+      assert.equal((await counts(sem)).waiters, 0);
+      await assert.rejects(sem.tryAcquire({ timeoutMs: 5 }), redsem.InvalidArgumentError);
+      await p.release();
+      (await sem.tryAcquire()).release();
+    });
+
+    test('an operator force-release makes the permit lost: onLost and signal fire', async () => {
+      const sem = await client.semaphore('lost', { limit: 1, leaseMs: 900 });
+      const p = await sem.acquire();
+      let seen = null;
+      p.onLost((e) => { seen = e; });
+      const { signal } = p;
+      assert.equal(signal.aborted, false);
+      assert.equal(await client.forceReleaseExisting('lost', p.holderId), 'holder');
+      // the holder learns it at its next renewal (every lease / 3)
+      assert.ok(await eventually(() => seen !== null && signal.aborted, 10000));
+      assert.ok(seen instanceof redsem.LeaseLostError);
+      assert.equal(seen.code, 'ERR_REDSEM_LEASE_LOST');
+      assert.equal(seen.reason, 'notHolder');
+      assert.equal(seen.semaphore, 'lost');
+      assert.equal(signal.reason, seen);
+      assert.equal(p.isLost, true);
+      assert.equal(p.lostReason, 'notHolder');
+      // the slot went to the queue at once
+      const next = await sem.acquire({ timeoutMs: 5000 });
+      assert.ok(BigInt(next.fences[0].split(':')[1]) > BigInt(p.fences[0].split(':')[1]));
+      await next.release();
+      await p.release();
+    });
+
+    test('a released permit never reports a loss (and its watch does not keep Node alive)', async () => {
+      const sem = await client.semaphore('kept', { limit: 1, leaseMs: 600 });
+      const p = await sem.acquire();
+      let lost = false;
+      p.onLost(() => { lost = true; });
+      const { signal } = p;
+      await p.release();
+      await sleep(700);
+      assert.equal(lost, false);
+      assert.equal(signal.aborted, false);
+    });
+
+    test('an AbortSignal cancels a waiting acquire and leaves no queue entry', async () => {
+      const sem = await client.semaphore('abort', { limit: 1 });
+      const held = await sem.acquire();
+      const controller = new AbortController();
+      const waiting = sem.acquire({ signal: controller.signal });
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      controller.abort();
+      let timer;
+      const bound = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error('the acquire was not cancelled within 10 s')), 10000);
+      });
+      try {
+        await assert.rejects(Promise.race([waiting, bound]), (e) => {
+          assert.equal(e.name, 'AbortError');
+          assert.equal(e, controller.signal.reason);
+          return true;
+        });
+      } finally {
+        clearTimeout(timer);
+      }
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 0),
+        'the cancelled ticket left the queue');
+      // an already-aborted signal: nothing is sent
+      const reason = new Error('stop');
+      await assert.rejects(sem.acquire({ signal: AbortSignal.abort(reason) }), (e) => e === reason);
+      assert.equal((await counts(sem)).waiters, 0);
+      // the slot still goes to the next waiter
+      const next = sem.acquire({ signal: new AbortController().signal, timeoutMs: 5000 });
+      await held.release();
+      await (await next).release();
+      assert.deepEqual(await counts(sem), { holders: 0, waiters: 0, inUse: 0 });
+    });
+
+    test('AbortSignal.timeout on many waiters: every one leaves the queue', async () => {
+      const sem = await client.semaphore('abort-many', { limit: 1 });
+      const held = await sem.acquire();
+      const all = Array.from({ length: 50 }, () => sem.acquire({ signal: AbortSignal.timeout(300) }));
+      const results = await Promise.allSettled(all);
+      assert.ok(results.every((r) => r.status === 'rejected' && r.reason.name === 'TimeoutError'
+        && !(r.reason instanceof redsem.RedsemError)), 'rejected with the signal\'s reason');
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 0));
+      await held.release();
+    });
+
+    test('errors carry a code, the semaphore name and their fields', async () => {
+      await client.semaphore('conflict', { limit: 2 });
+      await assert.rejects(client.semaphore('conflict', { limit: 3 }), (e) => {
+        assert.ok(e instanceof redsem.LimitConflictError);
+        assert.equal(e.code, 'ERR_REDSEM_LIMIT_CONFLICT');
+        assert.equal(e.semaphore, 'conflict');
+        assert.equal(e.requested, 3);
+        assert.equal(e.stored, 2);
+        assert.match(e.message, /already exists with limit 2, not 3/);
+        return true;
+      });
+      for (const bad of [{ limit: 0 }, { limit: -1 }, { limit: 1.5 }, { limit: 'x' },
+        { limit: 1, leaseMs: 5 }, { limit: 1, leaseMs: -1 }, { limit: 1, typo: 1 }, undefined]) {
+        await assert.rejects(client.semaphore('bad', bad), (e) => {
+          assert.ok(e instanceof redsem.InvalidArgumentError, `${JSON.stringify(bad)}: ${e}`);
+          assert.equal(e.code, 'ERR_REDSEM_INVALID_ARGUMENT');
+          return true;
+        });
+      }
+      await assert.rejects(client.inspect('nobody'), (e) => {
+        assert.ok(e instanceof redsem.UnknownSemaphoreError);
+        assert.equal(e.code, 'ERR_REDSEM_UNKNOWN_SEMAPHORE');
+        assert.equal(e.semaphore, 'nobody');
+        assert.equal(e.prefix, 'redsem');
+        return true;
+      });
+      const sem = await client.semaphore('in-use', { limit: 1 });
+      const p = await sem.acquire();
+      await assert.rejects(client.deleteSemaphore('in-use'), (e) => {
+        assert.ok(e instanceof redsem.InUseError);
+        assert.equal(e.holders, 1);
+        assert.equal(e.waiters, 0);
+        return true;
+      });
+      assert.equal(await client.deleteSemaphore('in-use', { force: true }), 1);
+      await p.release();
+      sem.close();
+      assert.equal(sem.isClosed, true);
+      await assert.rejects(sem.acquire(), (e) => e instanceof redsem.ClosedError
+        && e.code === 'ERR_REDSEM_CLOSED' && e.semaphore === 'in-use');
+      await server.cmd('SET', 'redsem:{foreign}:cfg', 'x');
+      await assert.rejects(client.semaphore('foreign', { limit: 1 }),
+        (e) => e instanceof redsem.WrongTypeError && e.code === 'ERR_REDSEM_WRONG_TYPE');
+      await assert.rejects(
+        redsem.connect('redis://127.0.0.1:1/', { connectTimeoutMs: 300 }),
+        (e) => e instanceof redsem.UnreachableError && e.code === 'ERR_REDSEM_UNREACHABLE' && e.retryable,
+      );
+      await assert.rejects(redsem.connect('http://nope'), redsem.InvalidArgumentError);
+      await assert.rejects(client.fencedStore('f').check('nonsense'), redsem.InvalidArgumentError);
+    });
+
+    test('an operator removes a waiter; a shrink rejects the larger requests', async () => {
+      const sem = await client.semaphore('cancel', { limit: 2 });
+      const p = await sem.acquire();
+      const pair = sem.acquire({ permits: 2, label: 'two seats' });
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      const shrunk = await client.resizeExisting('cancel', 1);
+      assert.equal(shrunk.previous, 2);
+      assert.deepEqual(shrunk.rejected.map((w) => [w.permits, w.label]), [[2, 'two seats']]);
+      await assert.rejects(pair, (e) => e instanceof redsem.TooManyPermitsError && e.limit === 1);
+      const waiter = sem.acquire({ timeoutMs: 30_000 });
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      const id = (await sem.stats()).waiters[0].id;
+      assert.equal(await client.forceReleaseExisting('cancel', id), 'waiter');
+      await assert.rejects(waiter, (e) => e instanceof redsem.RemovedFromQueueError
+        && e.code === 'ERR_REDSEM_REMOVED_FROM_QUEUE' && e.semaphore === 'cancel');
+      assert.equal((await sem.stats()).waiters.length, 0);
+      await p.release();
+    });
+
+    test('stats, resize, addPermits and the operator calls', async () => {
+      const sem = await client.semaphore('ops', { limit: 2, label: 'node-test' });
+      const p = await sem.acquire();
+      const q = await sem.acquire();
+      const waiting = sem.acquire({ label: 'third', permits: 2 });
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      const s = await sem.stats();
+      assert.equal(s.name, 'ops');
+      assert.equal(s.limit, 2);
+      assert.equal(s.inUse, 2);
+      assert.equal(s.available, 0);
+      assert.deepEqual(s.holders.map((h) => h.label), ['node-test', 'node-test']);
+      assert.equal(s.waiters[0].label, 'third');
+      assert.equal(s.waiters[0].permits, 2);
+      assert.equal(s.waiters[0].position, 0);
+      assert.ok(s.waiters[0].ticket > p.ticket);
+      assert.ok(s.grantsTotal >= 2);
+      assert.ok(s.serverTimeMs > 1.6e12);
+      assert.ok(s.holders[0].fences[0].startsWith(`${s.holders[0].slots[0]}:`));
+      assert.deepEqual(await client.inspect('ops').then((i) => i.holders.length), 2);
+      assert.deepEqual(sem.localCounts(), { holders: 2, waiters: 1 });
+      assert.equal((await sem.addPermits(2)).limit, 4); // the waiter of 2 permits is admitted
+      const third = await waiting;
+      assert.deepEqual(third.slots, [2, 3]);
+      assert.deepEqual(await sem.resize(5), { previous: 4, limit: 5, rejected: [] });
+      assert.equal((await client.resizeExisting('ops', 3)).previous, 5);
+      assert.equal(sem.limit, 5); // as last seen by this handle
+      assert.equal((await sem.stats()).limit, 3);
+      await assert.rejects(sem.addPermits(-10), redsem.InvalidArgumentError);
+      assert.equal(await sem.forceRelease(q.holderId), true);
+      assert.equal(await sem.forceRelease('no-such-holder'), false);
+      assert.equal(await client.forceReleaseExisting('ops', 'no-such-holder'), null);
+      assert.ok((await client.listSemaphores()).includes('ops'));
+      for (const x of [p, q, third]) await x.release();
+      assert.equal(await client.deleteSemaphore('ops'), 0);
+      assert.ok(!(await client.listSemaphores()).includes('ops'));
+      await client.ping();
+      assert.equal(client.prefix, 'redsem');
+      assert.match(client.id, /./);
+    });
+
+    test('run() holds a permit for the work and releases it', async () => {
+      const sem = await client.semaphore('run', { limit: 1 });
+      const out = await sem.run(async (permit) => {
+        assert.equal((await counts(sem)).holders, 1);
+        return permit.slots[0] + 41;
+      });
+      assert.equal(out, 41);
+      await assert.rejects(sem.run(async () => { throw new Error('work failed'); }), /work failed/);
+      assert.equal((await counts(sem)).holders, 0);
+    });
+
+    test('fenced writes refuse a stale holder', async () => {
+      const sem = await client.semaphore('fenced', { limit: 1, leaseMs: 900 });
+      const store = client.fencedStore('{fenced}:fence');
+      const old = await sem.acquire();
+      assert.equal(await store.write(old.fences[0], '{fenced}:value', 'old'), true);
+      await sem.forceRelease(old.holderId);
+      const cur = await sem.acquire({ timeoutMs: 5000 });
+      assert.equal(await store.write(cur.fences[0], '{fenced}:value', Buffer.from('new')), true);
+      assert.equal(await store.write(old.fences[0], '{fenced}:value', 'stale'), false);
+      assert.equal(await store.check(old.fences[0]), false);
+      assert.equal(await store.check(cur.fences[0]), true);
+      assert.equal(await server.cmd('GET', '{fenced}:value'), 'new');
+      await cur.release();
+      await old.release();
+    });
+
+    test('a burst of 3,000 concurrent acquires on one client all queue and complete', async () => {
+      const sem = await client.semaphore('burst', { limit: 20, leaseMs: 30000 });
+      let peak = 0;
+      let now = 0;
+      const tickets = new Set();
+      const all = Array.from({ length: 3000 }, () => sem.acquire().then(async (p) => {
+        now++;
+        peak = Math.max(peak, now);
+        tickets.add(p.ticket);
+        await sleep(1);
+        now--;
+        await p.release();
+      }));
+      const results = await Promise.allSettled(all);
+      const failed = results.filter((r) => r.status === 'rejected');
+      assert.equal(failed.length, 0, `${failed.length} failed, e.g. ${failed[0]?.reason}`);
+      assert.equal(tickets.size, 3000);
+      assert.ok(peak <= 20, `peak ${peak}`);
+      const s = await sem.stats();
+      assert.equal(s.grantsTotal, 3000);
+      assert.deepEqual([s.holders.length, s.waiters.length, s.inUse], [0, 0, 0]);
+    });
+
+    test('close() gives up held permits (lost: shutdown) and refuses later calls', async () => {
+      const own = await redsem.connect(server.url);
+      const sem = await own.semaphore('shutdown', { limit: 1 });
+      const p = await sem.acquire();
+      const { signal } = p;
+      const waiting = sem.acquire().then(() => null, (e) => e);
+      assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      await own.close();
+      assert.equal(own.isClosed, true);
+      assert.ok((await waiting) instanceof redsem.ClosedError);
+      assert.ok(await eventually(() => signal.aborted));
+      assert.equal(signal.reason.reason, 'shutdown');
+      await assert.rejects(own.semaphore('shutdown2', { limit: 1 }), redsem.ClosedError);
+      // everything was released before close() returned
+      const s = await client.inspect('shutdown');
+      assert.deepEqual([s.holders.length, s.waiters.length], [0, 0]);
+    });
+  });
+}
+
+test('npx redsem runs the Rust CLI in-process', async () => {
+  const { execFileSync } = await import('node:child_process');
+  const out = execFileSync(process.execPath, [new URL('../bin/redsem.js', import.meta.url).pathname, '--version']);
+  assert.match(out.toString(), /^redsem \d+\.\d+\.\d+/);
+});
