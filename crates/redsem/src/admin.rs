@@ -15,8 +15,8 @@ use std::collections::BTreeSet;
 use crate::client::Client;
 use crate::error::{CallResult, Error};
 use crate::keys::Keys;
+use crate::keys::MAX_LIMIT;
 use crate::scripts;
-use crate::semaphore::MAX_LIMIT;
 use crate::stats::Stats;
 
 impl Client {
@@ -275,7 +275,7 @@ impl Resized {
         let Some(new) = *new else {
             return Err(Error::InvalidArgument(format!(
                 "semaphore {}: its limit is {old}; adding {delta} would take it outside 1..={MAX_LIMIT}",
-                crate::keys::display_name(name)
+                crate::error::display_name(name)
             )));
         };
         Ok(Resized::from_reply(reply, new))

@@ -154,7 +154,7 @@ impl SemaphoreBuilder {
     /// with [`allow_evicting_policy`](Self::allow_evicting_policy).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`]), lease,
+    /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`](crate::MAX_LIMIT)), lease,
     /// renewal or poll interval (a lease or interval above
     /// [`MAX_DURATION`](crate::MAX_DURATION) included), local cap or label, before anything
     /// is sent;

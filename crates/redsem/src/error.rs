@@ -86,7 +86,7 @@ pub enum Error {
     /// limit: open it with the stored limit, or change it for everyone with
     /// [`Semaphore::resize`](crate::Semaphore::resize).
     #[error(
-        "semaphore {n} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it", n = crate::keys::display_name(.name))]
+        "semaphore {n} already exists with limit {stored}, not {requested}: open it with limit {stored}, or resize it", n = display_name(.name))]
     #[non_exhaustive]
     LimitConflict {
         /// The semaphore's name.
@@ -99,7 +99,7 @@ pub enum Error {
 
     /// More permits were requested at once than the semaphore's limit: such a request could
     /// never be granted.
-    #[error("semaphore {n}: requested {requested} permits at once, but the limit is {limit}", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: requested {requested} permits at once, but the limit is {limit}", n = display_name(.name))]
     #[non_exhaustive]
     TooManyPermits {
         /// The semaphore's name.
@@ -111,7 +111,7 @@ pub enum Error {
     },
 
     /// `try_acquire`: the permits cannot be taken right now; [`NoPermitsReason`] says why.
-    #[error("semaphore {n}: no permits right now: {reason}", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: no permits right now: {reason}", n = display_name(.name))]
     #[non_exhaustive]
     NoPermits {
         /// The semaphore's name.
@@ -122,7 +122,7 @@ pub enum Error {
     },
 
     /// The acquire did not succeed within its timeout; its place in the queue was given up.
-    #[error("semaphore {n}: timed out after {timeout:?} waiting for permits", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: timed out after {timeout:?} waiting for permits", n = display_name(.name))]
     #[non_exhaustive]
     Timeout {
         /// The semaphore's name.
@@ -132,7 +132,7 @@ pub enum Error {
     },
 
     /// The permit's slot was lost while the work ran (see [`LostReason`]).
-    #[error("semaphore {n}: the slot was lost: {reason}", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: the slot was lost: {reason}", n = display_name(.name))]
     #[non_exhaustive]
     LeaseLost {
         /// The semaphore's name.
@@ -148,7 +148,7 @@ pub enum Error {
     /// Redis. Do not simply retry: ask whoever removed it, or acquire again if the work must
     /// still run.
     #[error(
-        "semaphore {n}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried", n = crate::keys::display_name(.name)
+        "semaphore {n}: an operator removed this request from the queue (a forced release) before it was granted; it was not retried", n = display_name(.name)
     )]
     #[non_exhaustive]
     RemovedFromQueue {
@@ -158,7 +158,7 @@ pub enum Error {
 
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
     /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
-    #[error("semaphore {n} was closed (Semaphore::close or Client::shutdown)", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n} was closed (Semaphore::close or Client::shutdown)", n = display_name(.name))]
     #[non_exhaustive]
     Closed {
         /// The semaphore's name.
@@ -170,7 +170,7 @@ pub enum Error {
     /// [`inspect`](crate::Client::inspect), which never create one). Check the name and the
     /// key prefix.
     #[error(
-        "no semaphore named {n} under key prefix {prefix:?} (check the name and the key prefix)", n = crate::keys::display_name(.name))]
+        "no semaphore named {n} under key prefix {prefix:?} (check the name and the key prefix)", n = display_name(.name))]
     #[non_exhaustive]
     UnknownSemaphore {
         /// The semaphore's name.
@@ -183,7 +183,7 @@ pub enum Error {
     /// semaphore has live holders or waiters. Wait until they are done, or delete with
     /// `force` (CLI: `--force`) to evict them.
     #[error(
-        "semaphore {n} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them", n = crate::keys::display_name(.name))]
+        "semaphore {n} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them", n = display_name(.name))]
     #[non_exhaustive]
     InUse {
         /// The semaphore's name.
@@ -197,7 +197,7 @@ pub enum Error {
     /// A key of the semaphore holds a value of another type: another program uses the same
     /// key names. Pick another name or key prefix, or delete the foreign keys.
     #[error(
-        "a key of semaphore {n} holds another type of value ({detail}): use another name or key prefix", n = crate::keys::display_name(.name))]
+        "a key of semaphore {n} holds another type of value ({detail}): use another name or key prefix", n = display_name(.name))]
     #[non_exhaustive]
     WrongType {
         /// The semaphore's name.
@@ -213,7 +213,7 @@ pub enum Error {
     /// another name or key prefix; if the data may go, delete it with
     /// [`Client::purge_keys`](crate::Client::purge_keys) (CLI:
     /// `redsem delete NAME --force --delete-foreign-data`).
-    #[error("semaphore {n}: not a redsem semaphore: {detail}; use another name or key prefix", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: not a redsem semaphore: {detail}; use another name or key prefix", n = display_name(.name))]
     #[non_exhaustive]
     NotASemaphore {
         /// The semaphore's name.
@@ -227,7 +227,7 @@ pub enum Error {
     /// answered with a reply or a stored entry redsem cannot read. Nothing was changed. Use
     /// a client that speaks that version, or recreate the semaphore
     /// ([`Client::delete_semaphore`](crate::Client::delete_semaphore)).
-    #[error("semaphore {n}: {detail}", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: {detail}", n = display_name(.name))]
     #[non_exhaustive]
     ProtocolMismatch {
         /// The semaphore's name.
@@ -243,7 +243,7 @@ pub enum Error {
     /// keys (`redsem delete --force`, or `DEL` of the keys under `<prefix>:{<name>}:`) and
     /// reopen it. Losses that can be repaired (one key, or a record and its lease) are
     /// repaired silently and counted in [`Stats::repairs_total`](crate::Stats::repairs_total).
-    #[error("semaphore {n}: its keys are inconsistent and could not be repaired: {detail}", n = crate::keys::display_name(.name))]
+    #[error("semaphore {n}: its keys are inconsistent and could not be repaired: {detail}", n = display_name(.name))]
     #[non_exhaustive]
     Corrupt {
         /// The semaphore's name.
@@ -260,7 +260,7 @@ pub enum Error {
     /// risk with [`SemaphoreBuilder::allow_evicting_policy`](crate::SemaphoreBuilder::allow_evicting_policy)
     /// (CLI: `--allow-evicting-policy`).
     #[error(
-        "semaphore {n}: Redis's maxmemory-policy is {policy} and {detail}: set maxmemory-policy to noeviction, or open with allow_evicting_policy(true) / --allow-evicting-policy to accept the risk", n = crate::keys::display_name(.name))]
+        "semaphore {n}: Redis's maxmemory-policy is {policy} and {detail}: set maxmemory-policy to noeviction, or open with allow_evicting_policy(true) / --allow-evicting-policy to accept the risk", n = display_name(.name))]
     #[non_exhaustive]
     EvictingPolicy {
         /// The semaphore's name.
@@ -288,7 +288,7 @@ pub enum Error {
     /// fewer replicas than required acknowledged the grant in time, so the permit was
     /// released. A replica is down or lagging; the call can be retried.
     #[error(
-        "semaphore {n}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)", n = crate::keys::display_name(.name))]
+        "semaphore {n}: {acked} of the {wanted} required replicas acknowledged the grant within {timeout:?}; the permit was released (synced mode)", n = display_name(.name))]
     #[non_exhaustive]
     NotReplicated {
         /// The semaphore's name.
@@ -536,3 +536,19 @@ impl fmt::Display for BackendError {
 }
 
 impl std::error::Error for BackendError {}
+
+/// Longest part of a name that messages show ([`display_name`]), in characters.
+const SHOWN_NAME_CHARS: usize = 60;
+
+/// A semaphore name as messages show it: quoted and escaped as by `{:?}`, cut after 60
+/// characters with `…` (names may be 200 bytes long; a message names the semaphore, it
+/// need not spell all of it).
+pub fn display_name(name: &str) -> String {
+    match name.char_indices().nth(SHOWN_NAME_CHARS) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => {
+            let quoted = format!("{:?}", &name[..cut]);
+            format!("{}…\"", &quoted[..quoted.len() - 1])
+        }
+    }
+}

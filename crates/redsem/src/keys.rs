@@ -45,22 +45,6 @@ pub fn check_limit(limit: i64) -> Result<u32, Error> {
     }
 }
 
-/// Longest part of a name that messages show ([`display_name`]), in characters.
-const SHOWN_NAME_CHARS: usize = 60;
-
-/// A semaphore name as messages show it: quoted and escaped as by `{:?}`, cut after 60
-/// characters with `…` (names may be 200 bytes long; a message names the semaphore, it
-/// need not spell all of it).
-pub fn display_name(name: &str) -> String {
-    match name.char_indices().nth(SHOWN_NAME_CHARS) {
-        None => format!("{name:?}"),
-        Some((cut, _)) => {
-            let quoted = format!("{:?}", &name[..cut]);
-            format!("{}…\"", &quoted[..quoted.len() - 1])
-        }
-    }
-}
-
 /// The names of one semaphore's keys and of its notification channels.
 #[derive(Clone, Debug)]
 #[doc(hidden)]
@@ -108,7 +92,7 @@ pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     let bad = |why: &str| {
         Err(Error::InvalidArgument(format!(
             "semaphore name {} {why}",
-            display_name(name)
+            crate::error::display_name(name)
         )))
     };
     if name.is_empty() {
@@ -169,6 +153,7 @@ mod tests {
 
     #[test]
     fn long_names_are_cut_in_messages() {
+        use crate::error::display_name;
         assert_eq!(display_name("jobs"), "\"jobs\"");
         let long = format!("{}{}", "é".repeat(60), "tail");
         assert_eq!(display_name(&long), format!("\"{}…\"", "é".repeat(60)));

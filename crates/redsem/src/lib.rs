@@ -132,11 +132,12 @@ pub use admin::{ForceReleased, RejectedWaiter, Resized};
 pub use backend::redact_url;
 pub use builder::SemaphoreBuilder;
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
+pub use error::display_name;
 pub use error::{BackendError, Error, LostReason, NoPermitsReason};
 /// The key layout, for the crates of this workspace (the chaos suite reads the keys).
 #[doc(hidden)]
 pub use keys::Keys;
-pub use keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit, display_name};
+pub use keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
 pub use options::{AcquireOptions, MAX_DURATION};
 pub use permit::{Fence, Permit};
 pub use semaphore::{MAX_LIMIT, Semaphore};

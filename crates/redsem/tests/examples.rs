@@ -8,13 +8,18 @@ use std::process::Command;
 
 use common::*;
 
-/// The code block of the README's quick start.
+/// The code block of the README's quick start that is the whole Rust program (after the
+/// three languages side by side).
 fn readme_quickstart() -> String {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
     let start = readme
         .find("## Quick start")
         .expect("a quick start section");
+    let start = start
+        + readme[start..]
+            .find("The Rust program in full")
+            .expect("the Rust program in the quick start");
     let code = &readme[start..];
     let code = &code[code.find("```rust\n").unwrap() + 8..];
     code[..code.find("```").unwrap()].to_owned()

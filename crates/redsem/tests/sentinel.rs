@@ -168,12 +168,16 @@ async fn a_killed_master_is_replaced_and_waiters_keep_progressing() {
             killed.elapsed()
         );
         // commands reach the new master (the holder renews its session there)
+        // (the latest session lease: the highest finite score; the marker `#` has +inf)
         let lease_end = |set: &Sentinels| match set.data(new).cmd(&[
-            "ZRANGE",
+            "ZREVRANGEBYSCORE",
             "redsem:{k}:exp",
-            "-1",
-            "-1",
+            "(+inf",
+            "-inf",
             "WITHSCORES",
+            "LIMIT",
+            "0",
+            "1",
         ]) {
             Reply::Array(a) if a.len() == 2 => a[1].as_str().and_then(|s| s.parse::<f64>().ok()),
             _ => None,
