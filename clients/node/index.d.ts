@@ -107,6 +107,15 @@ export class Client {
    * @throws {UnknownSemaphoreError}
    */
   deleteSemaphore(name: string, options?: { force?: boolean }): Promise<number>;
+  /** An atomic relative change of an existing semaphore's limit (concurrent changes all count), never creating it. @throws {UnknownSemaphoreError} @throws {InvalidArgumentError} outside 1..=100,000 (nothing changed). */
+  addPermitsExisting(name: string, delta: number): Promise<Resized>;
+  /**
+   * Deletes every key the semaphore would use, another program's data included (what
+   * `deleteSemaphore` with `force` refuses with {@link NotASemaphoreError}). Holders and waiters
+   * are evicted as by a forced delete; returns how many. Only for an operator who has checked
+   * that the data may go. @throws {UnknownSemaphoreError}
+   */
+  purgeKeys(name: string): Promise<number>;
   /** Fencing-token checks and fenced writes for a resource stored in Redis (the fence record is the hash `fenceKey`). No I/O. */
   fencedStore(fenceKey: string): FencedStore;
 }

@@ -178,6 +178,10 @@ class Client {
   forceReleaseExisting(name, holderId) {
     return call(() => this.#native.forceReleaseExisting(name, holderId));
   }
+  addPermitsExisting(name, delta) {
+    return call(() => this.#native.addPermitsExisting(name, delta));
+  }
+  purgeKeys(name) { return call(() => this.#native.purgeKeys(name)); }
   async deleteSemaphore(name, options) {
     const { force = false } = checkKeys('deleteSemaphore', options, ['force']);
     return call(() => this.#native.deleteSemaphore(name, force));

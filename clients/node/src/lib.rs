@@ -436,6 +436,22 @@ impl Client {
     }
 
     #[napi]
+    pub async fn add_permits_existing(&self, name: String, delta: f64) -> Result<Resized> {
+        let c = self.inner.clone();
+        let delta = to_i64("delta", delta)?;
+        c.add_permits_existing(&name, delta)
+            .await
+            .map(Resized::from)
+            .map_err(to_js)
+    }
+
+    #[napi]
+    pub async fn purge_keys(&self, name: String) -> Result<u32> {
+        let c = self.inner.clone();
+        c.purge_keys(&name).await.map_err(to_js)
+    }
+
+    #[napi]
     pub async fn delete_semaphore(&self, name: String, force: bool) -> Result<u32> {
         let c = self.inner.clone();
         c.delete_semaphore(&name, force).await.map_err(to_js)

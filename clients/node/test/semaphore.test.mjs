@@ -270,6 +270,22 @@ for (const { flavor, binary, skip } of flavors()) {
       await assert.rejects(client.fencedStore('f').check('nonsense'), redsem.InvalidArgumentError);
     });
 
+    test('addPermitsExisting, and foreign data: deleteSemaphore refuses, purgeKeys removes', async () => {
+      await (await client.semaphore('rel', { limit: 2 })).close();
+      assert.equal((await client.addPermitsExisting('rel', 3)).limit, 5);
+      assert.equal((await client.addPermitsExisting('rel', -4)).previous, 5);
+      await assert.rejects(client.addPermitsExisting('rel', -1), redsem.InvalidArgumentError);
+      await assert.rejects(client.addPermitsExisting('nope', 1), redsem.UnknownSemaphoreError);
+      assert.equal((await client.inspect('rel')).limit, 1);
+      await client.deleteSemaphore('rel');
+      await server.cmd('HSET', 'redsem:{fruit}:cfg', 'limit', 'banana');
+      await assert.rejects(client.deleteSemaphore('fruit', { force: true }),
+        (e) => e instanceof redsem.NotASemaphoreError && e.code === 'ERR_REDSEM_NOT_A_SEMAPHORE');
+      assert.equal(Number(await server.cmd('EXISTS', 'redsem:{fruit}:cfg')), 1);
+      assert.equal(await client.purgeKeys('fruit'), 0);
+      assert.equal(Number(await server.cmd('EXISTS', 'redsem:{fruit}:cfg')), 0);
+    });
+
     test('an operator removes a waiter; a shrink rejects the larger requests', async () => {
       const sem = await client.semaphore('cancel', { limit: 2 });
       const p = await sem.acquire();

@@ -41,13 +41,15 @@ export async function example(url: string): Promise<number> {
   const inspected: redsem.Stats = await client.inspect('licensed-api');
   await client.resizeExisting('licensed-api', 4);
   const found: 'holder' | 'waiter' | null = await client.forceReleaseExisting('licensed-api', 'holder');
+  const added: redsem.Resized = await client.addPermitsExisting('licensed-api', 1);
   const evicted: number = await client.deleteSemaphore('licensed-api', { force: true });
+  const purged: number = await client.purgeKeys('licensed-api');
   const store: redsem.FencedStore = client.fencedStore('{licensed-api}:fence');
   const current: boolean = await store.check(fence) && await store.write(fence, '{licensed-api}:v', 'x');
   await client.ping();
   await client.flushReleases();
   await client.close();
   const code: number = redsem.cliMain(['--version']);
-  void [slot, signal, left, reason, out, waiting, old, now, rejected, found, counts, names, inspected, evicted, current, client.id, client.prefix, client.isClosed, sem.availablePermits, sem.limit, sem.name, sem.isClosed];
+  void [slot, signal, left, reason, out, waiting, old, now, rejected, found, added, purged, counts, names, inspected, evicted, current, client.id, client.prefix, client.isClosed, sem.availablePermits, sem.limit, sem.name, sem.isClosed];
   return code;
 }

@@ -386,6 +386,28 @@ impl Client {
         })
     }
 
+    fn add_permits_existing<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        delta: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.inner.clone();
+        spawn(py, async move {
+            c.add_permits_existing(&name, delta)
+                .await
+                .map(resized)
+                .map_err(Failure::from)
+        })
+    }
+
+    fn purge_keys<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.inner.clone();
+        spawn(py, async move {
+            c.purge_keys(&name).await.map_err(Failure::from)
+        })
+    }
+
     #[pyo3(signature = (name, *, force=false))]
     fn delete_semaphore<'py>(
         &self,

@@ -208,6 +208,26 @@ async def test_resize_add_permits_list_inspect_and_delete(server: Server, name: 
             await c.resize_existing(name, 2)
 
 
+async def test_add_permits_existing_and_foreign_data(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c:
+        await (await c.semaphore(name, limit=2)).close()
+        assert (await c.add_permits_existing(name, 3)).limit == 5
+        assert (await c.add_permits_existing(name, -4)).previous == 5
+        with pytest.raises(redsem.InvalidArgument):
+            await c.add_permits_existing(name, -1)
+        with pytest.raises(redsem.UnknownSemaphore):
+            await c.add_permits_existing(name + "-none", 1)
+        assert (await c.inspect(name)).limit == 1
+        foreign = name + "-fruit"
+        server.command("HSET", f"redsem:{{{foreign}}}:cfg", "limit", "banana")
+        with pytest.raises(redsem.NotASemaphore) as err:
+            await c.delete_semaphore(foreign, force=True)
+        assert err.value.semaphore == foreign
+        assert server.command("EXISTS", f"redsem:{{{foreign}}}:cfg") == 1
+        assert await c.purge_keys(foreign) == 0
+        assert server.command("EXISTS", f"redsem:{{{foreign}}}:cfg") == 0
+
+
 async def test_an_operator_removes_a_waiter_and_a_shrink_rejects_larger_requests(
     server: Server, name: str
 ) -> None:

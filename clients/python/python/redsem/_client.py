@@ -675,10 +675,23 @@ class Client:
             return "waiter"
         return None
 
+    async def add_permits_existing(self, name: str, delta: int) -> Resized:
+        """`Semaphore.add_permits` of an existing semaphore (`UnknownSemaphore`, never
+        creating it): an atomic relative change, whatever the current limit."""
+        return Resized._from_native(await (await self._get()).add_permits_existing(name, delta))
+
     async def delete_semaphore(self, name: str, *, force: bool = False) -> int:
-        """Deletes the semaphore's keys; returns how many were deleted. Without `force`,
-        `InUse` while it has holders or waiters; with it, they are evicted."""
+        """Deletes the semaphore's keys; returns how many entries were evicted. Without
+        `force`, `InUse` while it has holders or waiters; with it, they are evicted. Never
+        deletes another program's data under the same key names (`NotASemaphore`)."""
         return await (await self._get()).delete_semaphore(name, force=force)
+
+    async def purge_keys(self, name: str) -> int:
+        """Deletes every key the semaphore `name` would use, whatever it holds — another
+        program's data included (what `delete_semaphore(force=True)` refuses). Holders and
+        waiters are evicted as by a forced delete; returns how many. Only for an operator
+        who has checked that the data may go (`redsem delete --force --delete-foreign-data`)."""
+        return await (await self._get()).purge_keys(name)
 
     def fenced_store(self, fence_key: str) -> FencedStore:
         """A `FencedStore` on this client (no I/O). The client must be connected."""

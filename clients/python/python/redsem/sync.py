@@ -72,8 +72,14 @@ class Client:
     def force_release(self, name: str, holder_id: str) -> ForceReleased | None:
         return self._run(self._client.force_release(name, holder_id))
 
+    def add_permits_existing(self, name: str, delta: int) -> Resized:
+        return self._run(self._client.add_permits_existing(name, delta))
+
     def delete_semaphore(self, name: str, *, force: bool = False) -> int:
         return self._run(self._client.delete_semaphore(name, force=force))
+
+    def purge_keys(self, name: str) -> int:
+        return self._run(self._client.purge_keys(name))
 
     def fenced_store(self, fence_key: str) -> FencedStore:
         return FencedStore(self, self._client.fenced_store(fence_key))
