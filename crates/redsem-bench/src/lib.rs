@@ -129,6 +129,19 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// Prints the tables of a run saved by `--json`, exactly as the run printed them.
+///
+/// # Errors
+/// The file cannot be read, or is not a report this version wrote.
+pub fn print_saved(path: &std::path::Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let report: Report = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a redsem-bench report: {e}", path.display()))?;
+    print!("{}", report::render(&report));
+    Ok(())
+}
+
 async fn body(
     a: &RunArgs,
     url: &str,

@@ -22,6 +22,11 @@ enum Cmd {
     Run(RunArgs),
     /// One contract worker process (what the benchmark and driver.py start).
     Worker(WorkerArgs),
+    /// Print the tables of a saved run (the file `--json` wrote) without running anything.
+    Report {
+        /// The JSON report of a run, e.g. docs/bench/results.json.
+        json: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -29,6 +34,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Some(Cmd::Worker(w)) => redsem_bench::worker::run(w).map(|()| 0),
         Some(Cmd::Run(r)) => redsem_bench::run(r),
+        Some(Cmd::Report { json }) => redsem_bench::print_saved(&json).map(|()| 0),
         None => redsem_bench::run(cli.run),
     };
     match res {

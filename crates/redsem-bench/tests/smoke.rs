@@ -40,6 +40,21 @@ fn bench(args: &[&str]) -> (String, Value) {
         started.elapsed().as_secs_f64()
     );
     let report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // `report FILE` prints the saved run's tables exactly as the run printed them
+    let again = Command::new(env!("CARGO_BIN_EXE_redsem-bench"))
+        .arg("report")
+        .arg(&json)
+        .output()
+        .expect("running redsem-bench report");
+    assert!(
+        again.status.success(),
+        "redsem-bench report failed: {again:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        stdout,
+        "report differs from the run"
+    );
     (stdout, report)
 }
 
