@@ -1,7 +1,7 @@
 //! The logs of a run, parsed: `config.json`, `runner.log` (faults, restarts, spawns and
 //! exits, the fenced resource's decisions), every `w<id>.log` (what each worker believed and
 //! did) and `final.json`, into one model the properties read (see `runner/mod.rs` and
-//! `worker.rs` for the line formats). `snapshots.log` is read by `snapshots.rs`, in one pass.
+//! `worker.rs` for the line formats). `snapshots.log` is read by `scan.rs`, in one pass.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -410,6 +410,23 @@ impl Logs {
                 }
             }
         }
+    }
+
+    /// Per semaphore (in `cfg.sems` order), the `key-loss` faults that deleted its lease set
+    /// `exp`: (start, end) of each.
+    pub(super) fn exp_losses(&self) -> Vec<Vec<(i64, i64)>> {
+        self.cfg
+            .sems
+            .iter()
+            .map(|spec| {
+                let tag = format!("sem={},key=exp,", spec.name);
+                self.faults
+                    .iter()
+                    .filter(|f| f.kind == FaultKind::KeyLoss && f.detail.starts_with(&tag))
+                    .map(|f| (f.t0, f.t1))
+                    .collect()
+            })
+            .collect()
     }
 
     /// Windows during which Redis did not answer anyone (DEBUG SLEEP, restarts, and the

@@ -36,8 +36,9 @@
 //!     (no waiter overtaken), after a loss of `queue` or `cfg` too.
 //!
 //! The other files: `logs.rs` (the runner's and the workers' logs, parsed), `snapshots.rs`
-//! (the one pass over `snapshots.log` that feeds properties 1, 5, 6 and 10 and records what
-//! Redis held for each op), `report.rs` (the figures and the violations).
+//! (a line of `snapshots.log` parsed: a semaphore's entries, their ids, the workers' excuses),
+//! `scan.rs` (the one pass over `snapshots.log` that feeds properties 1, 5, 6 and 10 and
+//! records what Redis held for each op), `report.rs` (the figures and the violations).
 
 mod cleanup;
 mod fencing;
@@ -49,6 +50,7 @@ mod logs;
 mod recovery;
 mod report;
 mod run_cancel;
+mod scan;
 mod snapshots;
 mod stale_belief;
 mod wait_while_free;
@@ -70,7 +72,7 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
         ..Report::default()
     };
     report::figures(&logs, &mut r);
-    snapshots::check(dir, &mut logs, &mut r)?;
+    scan::check(dir, &mut logs, &mut r)?;
     let inv = stale_belief::check(&logs, &mut r);
     limit_believed::check(&logs, &inv, &mut r);
     fencing::check(&logs, &inv, &mut r);

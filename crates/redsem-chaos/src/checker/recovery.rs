@@ -83,22 +83,18 @@ impl Recovery {
         }
         let global = logs.global_halts();
         let leases_lost = logs
-            .cfg
-            .sems
-            .iter()
-            .map(|spec| {
-                let tag = format!("sem={},key=exp,", spec.name);
-                logs.faults
-                    .iter()
-                    .filter(|f| f.kind == FaultKind::KeyLoss && f.detail.starts_with(&tag))
-                    .map(|f| {
-                        let mut restored = f.t1 + t.fallback.max(t.renew);
+            .exp_losses()
+            .into_iter()
+            .map(|v| {
+                v.into_iter()
+                    .map(|(t0, t1)| {
+                        let mut restored = t1 + t.fallback.max(t.renew);
                         for &(a, b) in &global {
-                            if a <= restored && b >= f.t0 {
+                            if a <= restored && b >= t0 {
                                 restored = restored.max(b + t.fallback.max(t.renew));
                             }
                         }
-                        (f.t0, restored + t.lease + t.slack)
+                        (t0, restored + t.lease + t.slack)
                     })
                     .collect()
             })
