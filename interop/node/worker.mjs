@@ -39,7 +39,12 @@ for (const required of ['url', 'name', 'limit']) {
   }
 }
 
-const now = () => Date.now() / 1000;
+// Date.now() is the wall clock cut down to the millisecond: the true time is in
+// [now, now + 1 ms). A start is reported at the top of that range and an end at the bottom,
+// so a reported interval lies inside the true one (the test compares intervals across
+// languages: a start read 1 ms early overlapped the previous holder's end).
+const startNow = () => (Date.now() + 1) / 1000;
+const endNow = () => Date.now() / 1000;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function main() {
@@ -60,10 +65,10 @@ async function main() {
   async function task() {
     for (let i = 0; i < Number(a.count); i++) {
       const permit = await sem.acquire({ timeoutMs: 60000 });
-      const start = now();
+      const start = startNow();
       await sleep(Number(a['hold-ms']));
       const lost = permit.isLost;
-      const end = now();
+      const end = endNow();
       await permit.release();
       process.stdout.write(`${JSON.stringify({
         lang: 'node',
