@@ -41,7 +41,7 @@ export function connect(url: string, options?: ConnectOptions): Promise<Client>;
 
 /** Options of {@link Client.semaphore}. */
 export interface SemaphoreOptions {
-  /** Permits shared by every process that opens the semaphore (1 to 1,000,000). Must match the stored limit. */
+  /** Permits shared by every process that opens the semaphore (1 to 100,000). Must match the stored limit unless `limitPolicy` says otherwise. */
   limit: number;
   /** Lease of each holder and waiter (default 10000, at least 20): a crashed holder's slot is free again within one lease. Renewed in the background. */
   leaseMs?: number;
@@ -55,6 +55,13 @@ export interface SemaphoreOptions {
   label?: string;
   /** Open even if Redis's `maxmemory-policy` can evict the keys (default false: {@link EvictingPolicyError}). */
   allowEvictingPolicy?: boolean;
+  /**
+   * What a stored limit other than `limit` does (default 'require': {@link LimitConflictError}).
+   * 'adopt': use the stored one ({@link UnknownSemaphoreError} if the semaphore does not exist; nothing is created);
+   * 'createOrAdopt': create with `limit` if absent, else use the stored one (for rolling deploys);
+   * 'resize': create, or set the stored limit to `limit` for every process. See the Rust crate's `LimitPolicy`.
+   */
+  limitPolicy?: 'require' | 'adopt' | 'createOrAdopt' | 'resize';
 }
 
 /** Holders and waiters of one handle in this process. */

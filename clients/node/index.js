@@ -135,7 +135,7 @@ const CONNECT_OPTIONS = [
 ];
 const SEMAPHORE_OPTIONS = [
   'limit', 'leaseMs', 'renewEveryMs', 'fallbackPollMs', 'localCap', 'label',
-  'allowEvictingPolicy',
+  'allowEvictingPolicy', 'limitPolicy',
 ];
 const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'signal'];
 const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label'];

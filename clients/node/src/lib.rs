@@ -332,6 +332,7 @@ pub struct SemaphoreOptions {
     pub local_cap: Option<f64>,
     pub label: Option<String>,
     pub allow_evicting_policy: Option<bool>,
+    pub limit_policy: Option<String>,
 }
 
 #[napi]
@@ -377,6 +378,19 @@ impl Client {
         }
         if let Some(a) = options.allow_evicting_policy {
             b = b.allow_evicting_policy(a);
+        }
+        if let Some(p) = options.limit_policy {
+            b = b.limit_policy(match p.as_str() {
+                "require" => redsem::LimitPolicy::Require,
+                "adopt" => redsem::LimitPolicy::Adopt,
+                "createOrAdopt" => redsem::LimitPolicy::CreateOrAdopt,
+                "resize" => redsem::LimitPolicy::Resize,
+                other => {
+                    return Err(to_js(redsem::Error::InvalidArgument(format!(
+                        "limitPolicy {other:?}: use 'require', 'adopt', 'createOrAdopt' or 'resize'"
+                    ))));
+                }
+            });
         }
         let inner = b.open().await.map_err(to_js)?;
         Ok(Semaphore { inner })

@@ -219,6 +219,19 @@ for (const { flavor, binary, skip } of flavors()) {
       await held.release();
     });
 
+    test('limitPolicy adopts or resizes the stored limit', async () => {
+      await assert.rejects(client.semaphore('policy', { limit: 5, limitPolicy: 'adopt' }),
+        (e) => e instanceof redsem.UnknownSemaphoreError);
+      await client.semaphore('policy', { limit: 2 });
+      const adopted = await client.semaphore('policy', { limit: 5, limitPolicy: 'createOrAdopt' });
+      assert.equal(adopted.limit, 2);
+      const resized = await client.semaphore('policy', { limit: 4, limitPolicy: 'resize' });
+      assert.equal(resized.limit, 4);
+      assert.equal((await client.inspect('policy')).limit, 4);
+      await assert.rejects(client.semaphore('policy', { limit: 4, limitPolicy: 'sometimes' }),
+        (e) => e instanceof redsem.InvalidArgumentError && /limitPolicy/.test(e.message));
+    });
+
     test('errors carry a code, the semaphore name and their fields', async () => {
       await client.semaphore('conflict', { limit: 2 });
       await assert.rejects(client.semaphore('conflict', { limit: 3 }), (e) => {

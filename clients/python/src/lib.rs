@@ -300,7 +300,7 @@ impl Client {
     }
 
     #[pyo3(signature = (name, limit, *, lease=None, renew_every=None, fallback_poll=None,
-        local_cap=None, label=None, allow_evicting_policy=false))]
+        local_cap=None, label=None, allow_evicting_policy=false, limit_policy="require"))]
     #[allow(clippy::too_many_arguments)]
     fn semaphore<'py>(
         &self,
@@ -313,12 +313,28 @@ impl Client {
         local_cap: Option<u32>,
         label: Option<String>,
         allow_evicting_policy: bool,
+        limit_policy: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_fork(py)?;
+        let policy = match limit_policy {
+            "require" => redsem::LimitPolicy::Require,
+            "adopt" => redsem::LimitPolicy::Adopt,
+            "create_or_adopt" => redsem::LimitPolicy::CreateOrAdopt,
+            "resize" => redsem::LimitPolicy::Resize,
+            other => {
+                return Err(to_py(
+                    py,
+                    Error::InvalidArgument(format!(
+                        "limit_policy {other:?}: use \"require\", \"adopt\", \"create_or_adopt\" or \"resize\""
+                    )),
+                ));
+            }
+        };
         let mut b = self
             .inner
             .semaphore(name, limit)
-            .allow_evicting_policy(allow_evicting_policy);
+            .allow_evicting_policy(allow_evicting_policy)
+            .limit_policy(policy);
         if let Some(d) = opt_secs(py, "lease", lease)? {
             b = b.lease(d);
         }

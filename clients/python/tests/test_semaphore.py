@@ -180,6 +180,22 @@ async def test_the_stored_limit_is_shared(server: Server, name: str) -> None:
         )
 
 
+async def test_limit_policy_adopts_or_resizes_the_stored_limit(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c:
+        with pytest.raises(redsem.UnknownSemaphore):
+            await c.semaphore(name, limit=5, limit_policy="adopt")  # creates nothing
+        assert name not in await c.list_semaphores()
+        await c.semaphore(name, limit=2)
+        adopted = await c.semaphore(name, limit=5, limit_policy="create_or_adopt")
+        assert adopted.limit == 2
+        assert (await c.semaphore(name, limit=9, limit_policy="adopt")).limit == 2
+        resized = await c.semaphore(name, limit=4, limit_policy="resize")
+        assert resized.limit == 4
+        assert (await c.inspect(name)).limit == 4
+        with pytest.raises(redsem.InvalidArgument, match="limit_policy"):
+            await c.semaphore(name, limit=4, limit_policy="sometimes")  # type: ignore[arg-type]
+
+
 async def test_resize_add_permits_list_inspect_and_delete(server: Server, name: str) -> None:
     async with await redsem.connect(server.url) as c:
         sem = await c.semaphore(name, limit=1)

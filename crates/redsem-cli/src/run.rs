@@ -370,69 +370,60 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
 
 /// Opens the semaphore: with the stored limit when there is one (an operator may have
 /// changed it with `redsem limit`), unless `--strict-limit`; else creates it with `--limit`.
+/// One script call decides (the library's [`redsem::LimitPolicy`]), so a limit changed
+/// meanwhile is simply the one used.
 async fn open(
     client: &redsem::Client,
     a: &RunArgs,
     label: &str,
     stop: Stopping,
 ) -> Result<redsem::Semaphore, Failure> {
+    use redsem::LimitPolicy;
     let name = a.name();
-    let open = |limit: u32| {
-        client
-            .semaphore(name, limit)
-            .lease(a.lease)
-            .renew_every(stop.renew_every)
-            .label(common::truncate(label, 200))
-            .allow_evicting_policy(a.allow_evicting_policy)
-            .open()
+    // Without --limit, or when the permits asked for exceed it, nothing may be created: the
+    // stored limit is adopted (and the request checked against it), or the open fails.
+    let (limit, policy) = match a.limit {
+        Some(l) if a.permits <= l && a.strict_limit => (l, LimitPolicy::Require),
+        Some(l) if a.permits <= l => (l, LimitPolicy::CreateOrAdopt),
+        // (the limit given with Adopt is not used)
+        given => (given.unwrap_or(1), LimitPolicy::Adopt),
     };
-    // Read the stored limit (this creates nothing) when there is no --limit, and when the
-    // permits asked for exceed it: the request is checked before the open creates anything.
-    let given = a.limit.filter(|&l| a.permits <= l);
-    let mut limit = match given {
-        Some(l) => l,
-        None => match client.inspect(name).await {
-            Ok(s) => match a.limit {
-                Some(l) if a.strict_limit && l != s.limit => {
-                    return Err(strict_mismatch(name, l, s.limit));
-                }
-                _ => s.limit,
-            },
-            Err(redsem::Error::UnknownSemaphore { .. }) => match a.limit {
-                Some(l) => l,
-                None => {
-                    return Err(Failure::Other(format!(
-                        "semaphore {name:?} does not exist: give --limit L to create it (`redsem list` shows what exists)"
-                    )));
-                }
-            },
-            Err(e) => return Err(e.into()),
-        },
+    let opened = client
+        .semaphore(name, limit)
+        .lease(a.lease)
+        .renew_every(stop.renew_every)
+        .label(common::truncate(label, 200))
+        .allow_evicting_policy(a.allow_evicting_policy)
+        .limit_policy(policy)
+        .open()
+        .await;
+    let sem = match opened {
+        Err(redsem::Error::LimitConflict { stored, .. }) => {
+            return Err(strict_mismatch(name, limit, stored));
+        }
+        Err(redsem::Error::UnknownSemaphore { .. }) => {
+            return Err(match a.limit {
+                Some(l) => too_many(name, a.permits, l),
+                None => Failure::Other(format!(
+                    "semaphore {name:?} does not exist: give --limit L to create it (`redsem list` shows what exists)"
+                )),
+            });
+        }
+        r => r?,
     };
-    if a.permits > limit {
-        return Err(too_many(name, a.permits, limit));
-    }
-    // the stored limit can change between the read and the open: adopt it (a few times)
-    for _ in 0..3 {
-        match open(limit).await {
-            Err(redsem::Error::LimitConflict { stored, .. }) if a.strict_limit => {
-                return Err(strict_mismatch(name, limit, stored));
-            }
-            Err(redsem::Error::LimitConflict { stored, .. }) => {
-                if a.verbose {
-                    say!(
-                        "redsem: semaphore {name:?} has limit {stored} in Redis, not {limit}: using {stored}"
-                    );
-                }
-                limit = stored;
-                if a.permits > limit {
-                    return Err(too_many(name, a.permits, limit));
-                }
-            }
-            r => return Ok(r?),
+    let stored = sem.limit();
+    if let Some(l) = a.limit.filter(|&l| l != stored) {
+        if a.strict_limit {
+            return Err(strict_mismatch(name, l, stored));
+        }
+        if a.verbose {
+            say!("redsem: semaphore {name:?} has limit {stored} in Redis, not {l}: using {stored}");
         }
     }
-    Ok(open(limit).await?)
+    if a.permits > stored {
+        return Err(too_many(name, a.permits, stored));
+    }
+    Ok(sem)
 }
 
 /// The error of a request for more permits than the limit, found before anything is queued

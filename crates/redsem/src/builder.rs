@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::client::Client;
-use crate::engine::{Handle, OpenSettings, Timing};
+use crate::engine::{Handle, OpenSettings, OtherLimit, Timing};
 use crate::error::Error;
 use crate::options::check_duration;
 use crate::semaphore::Semaphore;
@@ -21,6 +21,53 @@ pub struct SemaphoreBuilder {
     local_cap: Option<u32>,
     label: Option<String>,
     allow_evicting_policy: bool,
+    on_limit: LimitPolicy,
+}
+
+/// What [`SemaphoreBuilder::open`] does when the semaphore exists in Redis with another limit
+/// than the code's, or does not exist; set with [`SemaphoreBuilder::limit_policy`].
+///
+/// The stored limit is one for every replica. Which policy fits depends on who owns it:
+///
+/// - the code owns it ([`Resize`](Self::Resize)): a deploy that changes the limit changes it
+///   for everyone as the first new replica opens;
+/// - an operator owns it (`redsem limit`, [`Semaphore::resize`]) and the code's value only
+///   seeds it ([`CreateOrAdopt`](Self::CreateOrAdopt)): replicas of every version open
+///   whatever the stored limit is;
+/// - someone else creates it ([`Adopt`](Self::Adopt));
+/// - every replica must agree, and a disagreement is a bug to stop on
+///   ([`Require`](Self::Require), the default).
+///
+/// # Rolling deploys
+/// During a rolling deploy that changes the limit from 10 to 20, old replicas (limit 10) and
+/// new ones (20) open the semaphore side by side. With `Require`, the new replicas fail with
+/// [`Error::LimitConflict`] until someone runs `redsem limit NAME 20`, and after that the old
+/// ones would. With `CreateOrAdopt` in both versions, every replica opens and uses the stored
+/// limit; the operator changes it once (`redsem limit NAME 20`) when the deploy is done, and
+/// every handle learns the new limit at its next renewal. With `Resize` in the new version,
+/// the first new replica to open sets the limit to 20 for everyone (old replicas with
+/// `CreateOrAdopt` follow it; old replicas with `Require` fail to open from then on, which is
+/// why the old version should already adopt). Whatever the policy, a handle always grants
+/// against the stored limit, never its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LimitPolicy {
+    /// Create the semaphore with the code's limit if it does not exist; if it exists with
+    /// another limit, fail with [`Error::LimitConflict`] (nothing is written). The default.
+    #[default]
+    Require,
+    /// Use the stored limit, whatever it is; if the semaphore does not exist, fail with
+    /// [`Error::UnknownSemaphore`] and write nothing (the code's limit is not used).
+    Adopt,
+    /// Create the semaphore with the code's limit if it does not exist; otherwise use the
+    /// stored limit. Decided in the one script call `open` makes, so concurrent openers
+    /// never fail, and all of them end up with the same limit.
+    CreateOrAdopt,
+    /// Create the semaphore with the code's limit if it does not exist; otherwise set the
+    /// stored limit to the code's, for every replica, as [`Semaphore::resize`] does (a
+    /// shrink rejects the queued requests above the new limit). Costs one more script call
+    /// when the limits differ. Concurrent openers with different limits leave the last one's.
+    Resize,
 }
 
 impl Client {
@@ -43,7 +90,16 @@ impl SemaphoreBuilder {
             local_cap: None,
             label: None,
             allow_evicting_policy: false,
+            on_limit: LimitPolicy::Require,
         }
+    }
+
+    /// What [`open`](Self::open) does when the semaphore exists with another limit, or does
+    /// not exist (default [`LimitPolicy::Require`]: create it with this limit, fail on
+    /// another). See [`LimitPolicy`] for the choices and the rolling-deploy recipe.
+    pub fn limit_policy(mut self, policy: LimitPolicy) -> Self {
+        self.on_limit = policy;
+        self
     }
 
     /// Opens the semaphore even when Redis's `maxmemory-policy` can evict its keys
@@ -104,7 +160,7 @@ impl SemaphoreBuilder {
         self
     }
 
-    fn validate(self) -> Result<(Client, OpenSettings), Error> {
+    fn validate(self) -> Result<(Client, OpenSettings, LimitPolicy), Error> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
         crate::keys::check_limit(self.limit.into())?;
         check_duration("lease", self.lease)?;
@@ -143,15 +199,23 @@ impl SemaphoreBuilder {
                 label,
                 local_cap: self.local_cap,
                 allow_evicting_policy: self.allow_evicting_policy,
+                create: self.on_limit != LimitPolicy::Adopt,
+                on_other_limit: match self.on_limit {
+                    LimitPolicy::Require => OtherLimit::Fail,
+                    _ => OtherLimit::Adopt,
+                },
             },
+            self.on_limit,
         ))
     }
 
     /// Subscribes to this handle's notification channel, creates the semaphore in Redis if it
-    /// does not exist, and checks that the stored limit is the one asked for.
+    /// does not exist, and checks that the stored limit is the one asked for (or adopts or
+    /// changes it: see [`limit_policy`](Self::limit_policy)).
     ///
     /// Cost: three round trips (`INFO memory`, SUBSCRIBE, one script), once per handle; two
-    /// with [`allow_evicting_policy`](Self::allow_evicting_policy).
+    /// with [`allow_evicting_policy`](Self::allow_evicting_policy); one more with
+    /// [`LimitPolicy::Resize`] when the stored limit differs.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a bad name, limit (0 or above [`MAX_LIMIT`](crate::MAX_LIMIT)), lease,
@@ -160,13 +224,21 @@ impl SemaphoreBuilder {
     /// is sent;
     /// [`Error::EvictingPolicy`] when Redis's `maxmemory-policy` can evict the semaphore's
     /// keys (see [`allow_evicting_policy`](Self::allow_evicting_policy));
-    /// [`Error::LimitConflict`] when the semaphore exists with another limit;
+    /// [`Error::LimitConflict`] when the semaphore exists with another limit (with
+    /// [`LimitPolicy::Require`]); [`Error::UnknownSemaphore`] when it does not exist (with
+    /// [`LimitPolicy::Adopt`]);
     /// [`Error::WrongType`] when one of its keys holds a foreign value; connection and
     /// permission errors as they come.
     pub async fn open(self) -> Result<Semaphore, Error> {
-        let (client, settings) = self.validate()?;
-        let handle = Handle::open(client.inner, settings).await?;
-        Ok(Semaphore { handle })
+        let (client, settings, policy) = self.validate()?;
+        let limit = settings.limit;
+        let semaphore = Semaphore {
+            handle: Handle::open(client.inner, settings).await?,
+        };
+        if policy == LimitPolicy::Resize && semaphore.limit() != limit {
+            semaphore.resize(limit).await?;
+        }
+        Ok(semaphore)
     }
 }
 

@@ -35,6 +35,15 @@
 //! Neither redsem nor a rate limiter replaces the other: an API that allows 10 requests per
 //! second *and* 3 at a time needs both.
 //!
+//! ## Changing the limit during a rolling deploy
+//!
+//! The limit is stored in Redis, one for every replica. By default a replica that opens the
+//! semaphore with another limit fails ([`Error::LimitConflict`](crate::Error::LimitConflict)),
+//! which stops a rolling deploy that changes the limit in config. Choose who owns the limit
+//! with [`SemaphoreBuilder::limit_policy`](crate::SemaphoreBuilder::limit_policy): the
+//! recipe is in [`LimitPolicy`](crate::LimitPolicy) ("Rolling deploys"). `redsem run` adopts
+//! the stored limit unless `--strict-limit`.
+//!
 //! ## Choosing the lease and the renewal interval
 //!
 //! The **lease** bounds how long a crashed holder blocks its slot, and how long a crashed

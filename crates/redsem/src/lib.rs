@@ -130,7 +130,7 @@ pub mod metrics;
 #[doc(hidden)]
 pub use admin::{ForceReleased, RejectedWaiter, Resized};
 pub use backend::redact_url;
-pub use builder::SemaphoreBuilder;
+pub use builder::{LimitPolicy, SemaphoreBuilder};
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::display_name;
 pub use error::{BackendError, Error, LostReason, NoPermitsReason};

@@ -263,7 +263,8 @@ impl Semaphore {
     /// at once, and their acquires fail with [`Error::TooManyPermits`] naming the new limit).
     /// Returns the previous limit and the requests it rejected.
     ///
-    /// Processes that open the semaphore later must pass the new limit.
+    /// Processes that open the semaphore later must pass the new limit, unless they open it
+    /// with a [`LimitPolicy`](crate::LimitPolicy) that adopts the stored one.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`]; connection errors.

@@ -631,6 +631,7 @@ class Client:
         local_cap: int | None = None,
         label: str | None = None,
         allow_evicting_policy: bool = False,
+        limit_policy: Literal["require", "adopt", "create_or_adopt", "resize"] = "require",
     ) -> Semaphore:
         """Opens a handle on semaphore `name`, creating it with `limit` if it does not exist
         (`LimitConflict`, with `.stored`, if it exists with another limit). `lease` (seconds,
@@ -638,7 +639,13 @@ class Client:
         renewal. `renew_every` (default lease/3), `fallback_poll` (how often waiters re-check
         when a notice may be lost), `local_cap` (at most this many permits held or requested
         by this handle), `label` (shown in `stats`; default the client's, else host:pid).
-        `EvictingPolicy` when Redis may evict the keys, unless `allow_evicting_policy`."""
+        `EvictingPolicy` when Redis may evict the keys, unless `allow_evicting_policy`.
+        `limit_policy` says what a stored limit other than `limit` does: "require" (the
+        default: `LimitConflict`), "adopt" (use the stored one; `UnknownSemaphore` if the
+        semaphore does not exist, and nothing is created), "create_or_adopt" (create with
+        `limit` if absent, else use the stored one: for rolling deploys), "resize" (create,
+        or set the stored limit to `limit` for everyone). See the Rust crate's
+        `LimitPolicy`."""
         native = await (await self._get()).semaphore(
             name,
             limit,
@@ -648,6 +655,7 @@ class Client:
             local_cap=local_cap,
             label=label if label is not None else self._label,
             allow_evicting_policy=allow_evicting_policy,
+            limit_policy=limit_policy,
         )
         return Semaphore(self, native)
 

@@ -105,11 +105,26 @@ pub(crate) struct OpenSettings {
     pub(crate) local_cap: Option<u32>,
     /// Open even when Redis's `maxmemory-policy` can evict the semaphore's keys.
     pub(crate) allow_evicting_policy: bool,
+    /// Create the semaphore with `limit` when it does not exist (else
+    /// [`Error::UnknownSemaphore`], and nothing is written).
+    pub(crate) create: bool,
+    /// What a stored limit other than `limit` does.
+    pub(crate) on_other_limit: OtherLimit,
+}
+
+/// What opening a handle does when the stored limit is not the one asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OtherLimit {
+    /// Fail with [`Error::LimitConflict`].
+    Fail,
+    /// Use the stored limit.
+    Adopt,
 }
 
 impl Handle {
     /// Subscribes to the handle's channel, creates the semaphore in Redis if it does not
-    /// exist, checks that the stored limit is the one asked for, and starts the heartbeat.
+    /// exist (with `s.create`), checks the stored limit against the one asked for (or adopts
+    /// it, with [`OtherLimit::Adopt`]), and starts the heartbeat.
     pub(crate) async fn open(ctx: Arc<Context>, s: OpenSettings) -> Result<Arc<Handle>, Error> {
         let keys = Keys::new(&ctx.prefix, &s.name)?;
         let policy = if s.allow_evicting_policy {
@@ -186,9 +201,15 @@ impl Handle {
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.notifier.subscribe(&channel, listener, &s.name).await?;
         let mut conn = ctx.conn.clone();
-        let opened = scripts::open(&mut conn, &handle.remote.target())
+        let opened = scripts::open(&mut conn, &handle.remote.target(), s.create)
             .await
             .map_err(|e| Error::from_call(e, &s.name))?;
+        let Some(opened) = opened else {
+            return Err(Error::UnknownSemaphore {
+                name: s.name,
+                prefix: ctx.prefix.clone(),
+            });
+        };
         let (stored, created, with_ttl) = (opened.limit, opened.created, opened.with_ttl);
         handle.remote.set_free(opened.free);
         if let (Some(p), Some(key)) = (policy.filter(|p| p.starts_with("volatile-")), with_ttl) {
@@ -200,7 +221,9 @@ impl Handle {
                 ),
             });
         }
-        if stored != s.limit {
+        if stored != s.limit && s.on_other_limit == OtherLimit::Adopt {
+            handle.remote.set_limit(stored);
+        } else if stored != s.limit {
             return Err(Error::LimitConflict {
                 name: s.name,
                 requested: s.limit,

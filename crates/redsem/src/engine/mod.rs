@@ -41,6 +41,6 @@ mod table;
 pub(crate) use acquire::Ask;
 pub(crate) use batch::Custom;
 pub(crate) use context::{ConnectSettings, Context};
-pub(crate) use handle::{Handle, OpenSettings};
+pub(crate) use handle::{Handle, OpenSettings, OtherLimit};
 pub(crate) use held::Held;
 pub(crate) use lease::Timing;

@@ -404,8 +404,18 @@ pub(crate) async fn release(
 
 /// Checks key types, creates the semaphore if missing; returns the stored limit, whether it
 /// was created, a key with a TTL, and the free permits.
-pub(crate) async fn open(conn: &mut Conn, t: &Target<'_>) -> CallResult<Opened> {
-    let v = OPEN.run(conn, t, |_| {}).await?;
+/// Runs `open.lua`; `None` when the semaphore does not exist and `create` is false (then
+/// nothing was written).
+pub(crate) async fn open(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    create: bool,
+) -> CallResult<Option<Opened>> {
+    let v = OPEN
+        .run(conn, t, |inv| {
+            inv.arg(if create { "1" } else { "0" });
+        })
+        .await?;
     reply::open(&v)
 }
 

@@ -319,14 +319,17 @@ pub(super) fn integer(v: &Value) -> CallResult<i64> {
 }
 
 /// Parses the reply of `open.lua`: (stored limit, created, a key that carries a TTL).
-pub(super) fn open(v: &Value) -> CallResult<Opened> {
+pub(super) fn open(v: &Value) -> CallResult<Option<Opened>> {
     let items = array(v)?;
+    if items.is_empty() {
+        return Ok(None); // absent, and not to be created
+    }
     let with_ttl = match items.get(2) {
         Some(v) => Some(string(Some(v))?).filter(|k| !k.is_empty()),
         None => None,
     };
     let limit = int(items.first())? as u32;
-    Ok(Opened {
+    Ok(Some(Opened {
         limit,
         created: int(items.get(1))? == 1,
         with_ttl,
@@ -334,7 +337,7 @@ pub(super) fn open(v: &Value) -> CallResult<Opened> {
             Some(f) => int(Some(f))?.clamp(0, u32::MAX as i64) as u32,
             None => limit,
         },
-    })
+    }))
 }
 
 /// What `open.lua` answered.
