@@ -25,7 +25,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const CONCURRENCY: usize = 16;
 
 /// The Redis side of the exporter: connects lazily, so that it starts (and reports
-/// `redsem_up 0`) while Redis is down.
+/// `redsem_exporter_up 0`) while Redis is down.
 struct Source {
     global: Global,
     client: Mutex<Option<redsem::Client>>,
@@ -106,31 +106,31 @@ pub fn render(stats: &[redsem::Stats], up: u8, failed: usize, took: Duration) ->
             }
         };
     family(
-        "redsem_limit",
+        "redsem_semaphore_limit",
         "gauge",
         "Most permits that may be held at once.",
         &|s| s.limit.to_string(),
     );
     family(
-        "redsem_holders",
+        "redsem_semaphore_holders",
         "gauge",
         "Holders (acquisitions) holding permits now.",
         &|s| s.holders.len().to_string(),
     );
     family(
-        "redsem_permits_in_use",
+        "redsem_semaphore_permits_in_use",
         "gauge",
         "Permits held now.",
         &|s| s.in_use.to_string(),
     );
     family(
-        "redsem_waiters",
+        "redsem_semaphore_waiters",
         "gauge",
         "Acquisitions queued now.",
         &|s| s.waiters.len().to_string(),
     );
     family(
-        "redsem_waiting_permits",
+        "redsem_semaphore_waiting_permits",
         "gauge",
         "Permits requested by the queued acquisitions.",
         &|s| {
@@ -142,43 +142,49 @@ pub fn render(stats: &[redsem::Stats], up: u8, failed: usize, took: Duration) ->
         },
     );
     family(
-        "redsem_oldest_wait_seconds",
+        "redsem_semaphore_oldest_wait_seconds",
         "gauge",
         "How long the head of the queue has waited (0 when nobody waits).",
         &|s| format!("{:.3}", s.oldest_wait().unwrap_or_default().as_secs_f64()),
     );
     family(
-        "redsem_grants_total",
+        "redsem_semaphore_grants_total",
         "counter",
         "Acquisitions granted since the semaphore was created.",
         &|s| s.grants_total.to_string(),
     );
     family(
-        "redsem_expired_total",
+        "redsem_semaphore_expired_total",
         "counter",
         "Holders and waiters removed because their lease expired, since creation.",
         &|s| s.expired_total.to_string(),
     );
-    let _ = writeln!(
-        out,
-        "# HELP redsem_up Whether the last scrape could read Redis (1) or not (0)."
+    family(
+        "redsem_semaphore_repairs_total",
+        "counter",
+        "Repairs of lost or inconsistent keys since creation (0 in a healthy Redis).",
+        &|s| s.repairs_total.to_string(),
     );
-    let _ = writeln!(out, "# TYPE redsem_up gauge");
-    let _ = writeln!(out, "redsem_up {up}");
     let _ = writeln!(
         out,
-        "# HELP redsem_scrape_errors Semaphores that could not be read in the last scrape."
+        "# HELP redsem_exporter_up Whether the last scrape could read Redis (1) or not (0)."
     );
-    let _ = writeln!(out, "# TYPE redsem_scrape_errors gauge");
-    let _ = writeln!(out, "redsem_scrape_errors {failed}");
+    let _ = writeln!(out, "# TYPE redsem_exporter_up gauge");
+    let _ = writeln!(out, "redsem_exporter_up {up}");
     let _ = writeln!(
         out,
-        "# HELP redsem_scrape_duration_seconds Time taken by the last scrape."
+        "# HELP redsem_exporter_scrape_errors Semaphores that could not be read in the last scrape."
     );
-    let _ = writeln!(out, "# TYPE redsem_scrape_duration_seconds gauge");
+    let _ = writeln!(out, "# TYPE redsem_exporter_scrape_errors gauge");
+    let _ = writeln!(out, "redsem_exporter_scrape_errors {failed}");
     let _ = writeln!(
         out,
-        "redsem_scrape_duration_seconds {:.6}",
+        "# HELP redsem_exporter_scrape_duration_seconds Time taken by the last scrape."
+    );
+    let _ = writeln!(out, "# TYPE redsem_exporter_scrape_duration_seconds gauge");
+    let _ = writeln!(
+        out,
+        "redsem_exporter_scrape_duration_seconds {:.6}",
         took.as_secs_f64()
     );
     out
@@ -198,11 +204,11 @@ pub async fn serve(g: &Global, a: ExporterArgs) -> Result<u8, Failure> {
         client: Mutex::new(None),
     });
     // configuration errors (bad URL, wrong password) stop at once; an unreachable Redis
-    // does not: scrapes report redsem_up 0 until it is back
+    // does not: scrapes report redsem_exporter_up 0 until it is back
     match source.client().await {
         Ok(_) => {}
         Err(e @ redsem::Error::Unreachable(_)) => say!(
-            "redsem exporter: warning: {}; serving redsem_up 0 until it is reachable",
+            "redsem exporter: warning: {}; serving redsem_exporter_up 0 until it is reachable",
             common::connect_error(g, &e)
         ),
         Err(e @ redsem::Error::Auth(_)) => {

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -495,38 +493,48 @@ fn watch_prints_blocks_and_alerts() {
         "--interval",
         "200ms",
         "--iterations",
-        "3",
+        "1",
         "--alert-after",
-        "300ms",
+        "60s",
     ]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let text = stdout(&out);
-    let blocks: Vec<&str> = text.split("redsem watch").skip(1).collect();
-    assert_eq!(blocks.len(), 3, "{text}");
     assert!(
-        !blocks[0].contains("stayed above the limit"),
+        !text.contains("WARNING"),
         "not before --alert-after: {text}"
     );
+
+    // Waits are counted from when Redis queued them: once both waiters have waited 2 s, a
+    // watch started now alerts on its first refresh.
+    wait_until(Duration::from_secs(20), "2 s of waiting", || {
+        stats_json(&server, "long")["waiters"][1]["waited"]
+            .as_u64()
+            .is_some_and(|ms| ms >= 2_000)
+    });
+    let out = run(redsem(&server).args([
+        "watch",
+        "long",
+        "--interval",
+        "200ms",
+        "--iterations",
+        "1",
+        "--alert-after",
+        "2s",
+    ]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
     assert!(
-        blocks[2].contains("WARNING: the queue (2) has stayed above the limit (1)"),
+        text.contains("WARNING: the queue (2) has stayed above the limit (1) for"),
         "{text}"
     );
+    assert!(
+        text.contains("WARNING: the head of the queue has waited"),
+        "{text}"
+    );
+    assert!(text.contains("every permit in use"), "{text}");
 
     let out = run(redsem(&server).args(["watch", "ghost", "--iterations", "1"]));
     assert_eq!(code(&out), 125, "{}", stderr(&out));
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    s.read_to_string(&mut response).unwrap();
-    response
 }
 
 /// The exporter, scraped over HTTP.
@@ -537,18 +545,7 @@ fn exporter_is_scraped_over_http() {
     let out = run(redsem(&server).args(["run", "idle", "--limit", "4", "--", "true"]));
     assert_eq!(code(&out), 0);
 
-    let mut exporter = Background::spawn(
-        redsem(&server)
-            .args(["exporter", "--listen", "127.0.0.1:0"])
-            .stderr(Stdio::piped()),
-    );
-    let line = exporter.stderr_line_with("serving http://");
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .to_owned();
+    let (_exporter, addr) = spawn_exporter(&server);
 
     let response = http_get(&addr, "/metrics");
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
@@ -565,19 +562,19 @@ fn exporter_is_scraped_over_http() {
         .unwrap();
     assert_eq!(length, body.len());
     for expected in [
-        r#"redsem_limit{semaphore="idle"} 4"#,
-        r#"redsem_limit{semaphore="lic\"ence"} 1"#,
-        r#"redsem_holders{semaphore="lic\"ence"} 1"#,
-        r#"redsem_permits_in_use{semaphore="lic\"ence"} 1"#,
-        r#"redsem_waiters{semaphore="lic\"ence"} 1"#,
-        r#"redsem_waiters{semaphore="idle"} 0"#,
-        r#"redsem_grants_total{semaphore="lic\"ence"} 1"#,
-        r#"redsem_grants_total{semaphore="idle"} 1"#,
-        r#"redsem_expired_total{semaphore="idle"} 0"#,
-        r#"redsem_oldest_wait_seconds{semaphore="idle"} 0.000"#,
-        "# TYPE redsem_grants_total counter",
-        "# TYPE redsem_limit gauge",
-        "redsem_up 1",
+        r#"redsem_semaphore_limit{semaphore="idle"} 4"#,
+        r#"redsem_semaphore_limit{semaphore="lic\"ence"} 1"#,
+        r#"redsem_semaphore_holders{semaphore="lic\"ence"} 1"#,
+        r#"redsem_semaphore_permits_in_use{semaphore="lic\"ence"} 1"#,
+        r#"redsem_semaphore_waiters{semaphore="lic\"ence"} 1"#,
+        r#"redsem_semaphore_waiters{semaphore="idle"} 0"#,
+        r#"redsem_semaphore_grants_total{semaphore="lic\"ence"} 1"#,
+        r#"redsem_semaphore_grants_total{semaphore="idle"} 1"#,
+        r#"redsem_semaphore_expired_total{semaphore="idle"} 0"#,
+        r#"redsem_semaphore_oldest_wait_seconds{semaphore="idle"} 0.000"#,
+        "# TYPE redsem_semaphore_grants_total counter",
+        "# TYPE redsem_semaphore_limit gauge",
+        "redsem_exporter_up 1",
     ] {
         assert!(
             body.lines().any(|l| l == expected),
@@ -586,7 +583,9 @@ fn exporter_is_scraped_over_http() {
     }
     let wait: f64 = body
         .lines()
-        .find_map(|l| l.strip_prefix(r#"redsem_oldest_wait_seconds{semaphore="lic\"ence"} "#))
+        .find_map(|l| {
+            l.strip_prefix(r#"redsem_semaphore_oldest_wait_seconds{semaphore="lic\"ence"} "#)
+        })
         .unwrap()
         .parse()
         .unwrap();
@@ -601,12 +600,12 @@ fn exporter_is_scraped_over_http() {
 
     assert!(http_get(&addr, "/other").starts_with("HTTP/1.1 404"));
 
-    // Redis gone: still serving, redsem_up 0
+    // Redis gone: still serving, redsem_exporter_up 0
     drop(_busy);
     drop(server);
     let response = http_get(&addr, "/metrics");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert!(response.contains("\nredsem_up 0\n"), "{response}");
+    assert!(response.contains("\nredsem_exporter_up 0\n"), "{response}");
 }
 
 /// Every error is one line a person understands, with a non-zero exit.

@@ -161,9 +161,9 @@
 //! **metrics** (feature `metrics`, through the `metrics` facade): wait time, hold time,
 //! grants, failures, renewals, lost leases, expiries reaped, abandoned releases and local
 //! queue depth, each labelled by `semaphore`; the names and meanings are in
-//! [`metrics`](crate::metrics). Alert on `redsem_leases_lost_total` and
-//! `redsem_releases_abandoned_total`; watch `redsem_acquire_wait_seconds` and
-//! `redsem_local_waiters` for a limit that is too low.
+//! [`metrics`](crate::metrics). Alert on `redsem_client_leases_lost_total` and
+//! `redsem_client_releases_abandoned_total`; watch `redsem_client_acquire_wait_seconds` and
+//! `redsem_client_waiters` for a limit that is too low.
 //!
 //! ## Sharing a semaphore with other languages
 //!

@@ -6,53 +6,55 @@
 //! the feature the recording calls compile to nothing; the names below stay available, for
 //! dashboards and alerts written in Rust.
 //!
-//! Every series has the label `semaphore` (the semaphore's name). Counters and histograms are
-//! per process: each replica reports what it saw. Call `describe()` (feature `metrics`) once after installing a
-//! recorder to register units and help texts.
+//! Every series has the label `semaphore` (the semaphore's name), and every name starts with
+//! `redsem_client_`: these are *per process* (each replica reports what it did; `sum()` over
+//! replicas is the total). What Redis holds for a semaphore, server-wide (its limit, holders,
+//! queue, grants, expiries, repairs), is `redsem_semaphore_*`, served by the CLI's exporter
+//! (`redsem exporter`), never by the library, so no quantity is counted twice. The one table
+//! of every metric, its type, labels and meaning, with the dashboard and alert rules built
+//! on them: `docs/metrics.md` in the repository. Call `describe()` (feature `metrics`) once
+//! after installing a recorder to register units and help texts.
 //!
-//! | name | type | extra labels | what |
-//! |---|---|---|---|
-//! | `redsem_acquire_wait_seconds` | histogram | | from the call to `acquire*`/`try_acquire*` to the grant (granted acquisitions only) |
-//! | `redsem_acquire_failures_total` | counter | `reason` = `timeout`, `no_permits`, `closed`, `too_many_permits`, `removed_from_queue`, `invalid_argument`, `error` | acquisitions that returned an error |
-//! | `redsem_grants_total` | counter | | acquisitions granted to this process: one per [`Permit`](crate::Permit), whatever its number of permits (an `acquire_many(3)` counts 1), like [`Stats::grants_total`](crate::Stats::grants_total) server-wide |
-//! | `redsem_hold_seconds` | histogram | | from the grant to the release, drop, detach or loss of the permit |
-//! | `redsem_renewals_total` | counter | | renewals of a handle that reached Redis (one per heartbeat, whatever the number of leases; the renewals of several handles may share one call) |
-//! | `redsem_renewals_failed_total` | counter | | renewals of a handle that failed or timed out (they are retried) |
-//! | `redsem_leases_lost_total` | counter | `reason` = `not_holder`, `unreachable`, `shutdown`, `refused`, `deleted` | permits lost (see [`LostReason`](crate::LostReason)) |
-//! | `redsem_expiries_reaped_total` | counter (absolute) | | leases of holders and waiters reaped on expiry since the semaphore was created, *server-wide*: set from [`Semaphore::stats`](crate::Semaphore::stats) |
-//! | `redsem_releases_abandoned_total` | counter | | background releases given up after retries (the entries expire with their leases) |
-//! | `redsem_local_waiters` | gauge | | acquisitions of this process waiting now |
-//! | `redsem_local_holders` | gauge | | [`Permit`](crate::Permit)s of this process alive now: one per granted acquisition, whatever its number of permits (an `acquire_many(3)` counts 1), like the holders of [`Semaphore::local_counts`](crate::Semaphore::local_counts); a lost permit counts until dropped |
-//!
-//! `redsem_leases_lost_total` and `redsem_releases_abandoned_total` should stay at zero in a
-//! healthy system: alert on their rate. A growing `redsem_expiries_reaped_total` means
-//! processes die (or pause past their lease) while holding or waiting.
+//! `redsem_client_leases_lost_total` and `redsem_client_releases_abandoned_total` should stay
+//! at zero in a healthy system: alert on their rate.
 
 /// Histogram: seconds from the call to `acquire*`/`try_acquire*` to the grant.
-pub const ACQUIRE_WAIT_SECONDS: &str = "redsem_acquire_wait_seconds";
+pub const ACQUIRE_WAIT_SECONDS: &str = "redsem_client_acquire_wait_seconds";
 /// Counter: acquisitions that returned an error, by `reason`.
-pub const ACQUIRE_FAILURES_TOTAL: &str = "redsem_acquire_failures_total";
+pub const ACQUIRE_FAILURES_TOTAL: &str = "redsem_client_acquire_failures_total";
 /// Counter: acquisitions granted to this process (one per [`Permit`](crate::Permit), whatever
 /// its number of permits).
-pub const GRANTS_TOTAL: &str = "redsem_grants_total";
+pub const GRANTS_TOTAL: &str = "redsem_client_grants_total";
 /// Histogram: seconds from grant to release, drop, detach or loss.
-pub const HOLD_SECONDS: &str = "redsem_hold_seconds";
+pub const HOLD_SECONDS: &str = "redsem_client_hold_seconds";
 /// Counter: batched renewal calls that reached Redis.
-pub const RENEWALS_TOTAL: &str = "redsem_renewals_total";
+pub const RENEWALS_TOTAL: &str = "redsem_client_renewals_total";
 /// Counter: batched renewal calls that failed or timed out.
-pub const RENEWALS_FAILED_TOTAL: &str = "redsem_renewals_failed_total";
-/// Counter: permits lost, by `reason` (`not_holder`, `unreachable`, `shutdown`).
-pub const LEASES_LOST_TOTAL: &str = "redsem_leases_lost_total";
-/// Counter (absolute, server-wide): leases reaped on expiry, as last seen by
-/// [`Semaphore::stats`](crate::Semaphore::stats).
-pub const EXPIRIES_REAPED_TOTAL: &str = "redsem_expiries_reaped_total";
+pub const RENEWALS_FAILED_TOTAL: &str = "redsem_client_renewals_failed_total";
+/// Counter: permits lost, by `reason` (`not_holder`, `unreachable`, `shutdown`, `refused`,
+/// `deleted`: [`LostReason`](crate::LostReason) in snake case).
+pub const LEASES_LOST_TOTAL: &str = "redsem_client_leases_lost_total";
 /// Counter: background releases given up after retries.
-pub const RELEASES_ABANDONED_TOTAL: &str = "redsem_releases_abandoned_total";
+pub const RELEASES_ABANDONED_TOTAL: &str = "redsem_client_releases_abandoned_total";
 /// Gauge: acquisitions of this process waiting now.
-pub const LOCAL_WAITERS: &str = "redsem_local_waiters";
+pub const LOCAL_WAITERS: &str = "redsem_client_waiters";
 /// Gauge: [`Permit`](crate::Permit)s of this process alive now (one per granted acquisition,
 /// whatever its number of permits).
-pub const LOCAL_HOLDERS: &str = "redsem_local_holders";
+pub const LOCAL_HOLDERS: &str = "redsem_client_holders";
+
+/// Every metric name the library records, in the order of `docs/metrics.md`'s table.
+pub const ALL: &[&str] = &[
+    ACQUIRE_WAIT_SECONDS,
+    ACQUIRE_FAILURES_TOTAL,
+    GRANTS_TOTAL,
+    HOLD_SECONDS,
+    RENEWALS_TOTAL,
+    RENEWALS_FAILED_TOTAL,
+    LEASES_LOST_TOTAL,
+    RELEASES_ABANDONED_TOTAL,
+    LOCAL_WAITERS,
+    LOCAL_HOLDERS,
+];
 
 /// Registers the unit and help text of every redsem metric with the installed recorder.
 /// Optional; call it once after installing the recorder.
@@ -94,11 +96,6 @@ pub fn describe() {
         LEASES_LOST_TOTAL,
         Unit::Count,
         "Permits lost because their lease could not be renewed, by reason"
-    );
-    describe_counter!(
-        EXPIRIES_REAPED_TOTAL,
-        Unit::Count,
-        "Leases reaped on expiry since the semaphore was created (server-wide)"
     );
     describe_counter!(
         RELEASES_ABANDONED_TOTAL,
@@ -169,15 +166,11 @@ mod imp {
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }
 
-    pub(crate) fn expiries_seen(sem: &str, total: u64) {
-        counter!(EXPIRIES_REAPED_TOTAL, "semaphore" => sem.to_owned()).absolute(total);
-    }
-
     pub(crate) fn releases_abandoned(sem: &str, n: usize) {
         counter!(RELEASES_ABANDONED_TOTAL, "semaphore" => sem.to_owned()).increment(n as u64);
     }
 
-    /// Counts one local waiter in `redsem_local_waiters` for as long as it lives.
+    /// Counts one local waiter in `redsem_client_waiters` for as long as it lives.
     pub(crate) struct WaiterGauge(String);
 
     impl WaiterGauge {
@@ -196,8 +189,8 @@ mod imp {
         }
     }
 
-    /// Counts one `Permit` (whatever its number of permits) in `redsem_local_holders`, and
-    /// records `redsem_hold_seconds` when dropped.
+    /// Counts one `Permit` (whatever its number of permits) in `redsem_client_holders`, and
+    /// records `redsem_client_hold_seconds` when dropped.
     pub(crate) struct HoldTimer {
         sem: String,
         since: Instant,
@@ -237,8 +230,6 @@ mod imp {
     pub(crate) fn renewal(_: &str, _: bool) {}
     #[inline(always)]
     pub(crate) fn lease_lost(_: &str, _: LostReason) {}
-    #[inline(always)]
-    pub(crate) fn expiries_seen(_: &str, _: u64) {}
     #[inline(always)]
     pub(crate) fn releases_abandoned(_: &str, _: usize) {}
 

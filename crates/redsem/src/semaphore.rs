@@ -253,7 +253,6 @@ impl Semaphore {
             .remote
             .set_free(reply.limit.saturating_sub(reply.in_use));
         let stats = Stats::from_reply(self.name(), reply);
-        crate::metrics::expiries_seen(self.name(), stats.expired_total);
         Ok(stats)
     }
 

@@ -1,7 +1,8 @@
 //! Helpers for the tests that run the built `redsem` binary against a private server.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -232,4 +233,35 @@ pub fn keys(name: &str) -> Vec<String> {
         .iter()
         .map(|s| format!("redsem:{{{name}}}:{s}"))
         .collect()
+}
+
+/// An HTTP/1.1 GET of `path` from `addr` (`host:port`): the whole response, head and body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// A running `redsem exporter --listen 127.0.0.1:0` against `server`, and its address.
+pub fn spawn_exporter(server: &Server) -> (Background, String) {
+    let mut exporter = Background::spawn(
+        redsem(server)
+            .args(["exporter", "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped()),
+    );
+    let line = exporter.stderr_line_with("serving http://");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_owned();
+    (exporter, addr)
 }

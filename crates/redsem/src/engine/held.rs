@@ -28,7 +28,7 @@ pub(crate) struct Held {
     /// it lives.
     lease_uses: std::sync::Mutex<Vec<LeaseUse>>,
     released: bool,
-    /// `redsem_local_holders` and `redsem_hold_seconds` (feature `metrics`).
+    /// `redsem_client_holders` and `redsem_client_hold_seconds` (feature `metrics`).
     _hold: crate::metrics::HoldTimer,
 }
 

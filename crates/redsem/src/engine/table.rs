@@ -41,7 +41,7 @@ pub(crate) struct Waiter {
     /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
     /// heartbeat never checks it: a check that overtook the acquire would find it missing.
     ticket: Option<u64>,
-    /// Counts this waiter in `redsem_local_waiters` while it lives (feature `metrics`).
+    /// Counts this waiter in `redsem_client_waiters` while it lives (feature `metrics`).
     _gauge: crate::metrics::WaiterGauge,
 }
 
