@@ -51,7 +51,7 @@ export interface SemaphoreOptions {
   fallbackPollMs?: number;
   /** Most permits this process may hold or queue for at once. */
   localCap?: number;
-  /** Label shown in {@link Stats} for this handle's holders and waiters (default `host:pid`; at most 200 bytes). */
+  /** Label shown in {@link Stats} for this handle's holders and waiters (default `host:pid`; at most 200 bytes, no control characters). */
   label?: string;
   /** Open even if Redis's `maxmemory-policy` can evict the keys (default false: {@link EvictingPolicyError}). */
   allowEvictingPolicy?: boolean;
@@ -135,7 +135,7 @@ export interface AcquireOptions {
   timeoutMs?: number;
   /** This holder's lease (default the handle's; at least three renewal intervals). */
   leaseMs?: number;
-  /** This holder's label in {@link Stats} (default the handle's; at most 200 bytes). */
+  /** This holder's label in {@link Stats} (default the handle's; at most 200 bytes, no control characters). */
   label?: string;
   /** Cancels the wait: the acquire rejects with `signal.reason` and leaves the queue (a grant that arrived meanwhile is released). */
   signal?: AbortSignal;

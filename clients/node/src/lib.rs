@@ -170,6 +170,19 @@ fn aborted() -> napi::Error {
     JsError::new("ABORT_ERR", "the operation was aborted".into()).into_napi()
 }
 
+/// A limit from JavaScript, checked by the library (one wording for every path, negative and
+/// huge values included).
+fn to_limit(v: f64) -> Result<u32> {
+    if v.fract() != 0.0 || !v.is_finite() {
+        return Err(invalid(format!(
+            "limit must be a whole number in 1..={}, not {v}",
+            redsem::MAX_LIMIT
+        )));
+    }
+    // (a saturating cast: beyond i64 the value is out of range all the same)
+    redsem::check_limit(v as i64).map_err(to_js)
+}
+
 fn to_u32(what: &str, v: f64) -> Result<u32> {
     if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
         Ok(v as u32)
@@ -360,7 +373,7 @@ impl Client {
 
     #[napi]
     pub async fn semaphore(&self, name: String, options: SemaphoreOptions) -> Result<Semaphore> {
-        let mut b = self.inner.semaphore(name, to_u32("limit", options.limit)?);
+        let mut b = self.inner.semaphore(name, to_limit(options.limit)?);
         if let Some(l) = options.lease_ms {
             b = b.lease(to_duration("leaseMs", l)?);
         }
@@ -423,7 +436,7 @@ impl Client {
     #[napi]
     pub async fn resize_existing(&self, name: String, limit: f64) -> Result<Resized> {
         let c = self.inner.clone();
-        let limit = to_u32("limit", limit)?;
+        let limit = to_limit(limit)?;
         c.resize_existing(&name, limit)
             .await
             .map(Resized::from)
@@ -585,7 +598,7 @@ impl Semaphore {
     #[napi]
     pub async fn resize(&self, limit: f64) -> Result<Resized> {
         let s = self.inner.clone();
-        let limit = to_u32("limit", limit)?;
+        let limit = to_limit(limit)?;
         s.resize(limit).await.map(Resized::from).map_err(to_js)
     }
 

@@ -251,6 +251,14 @@ for (const { flavor, binary, skip } of flavors()) {
           return true;
         });
       }
+      // one wording for the limit's range on every path (the library's), negatives included
+      for (const limit of [0, -3, 100001]) {
+        await assert.rejects(client.semaphore('bad', { limit }), (e) =>
+          e instanceof redsem.InvalidArgumentError &&
+          e.message.includes(`limit ${limit} is outside 1..=100000`));
+      }
+      await assert.rejects(client.semaphore('bad', { limit: 1, label: 'two\nlines' }), (e) =>
+        e instanceof redsem.InvalidArgumentError && /control character/.test(e.message));
       await assert.rejects(client.inspect('nobody'), (e) => {
         assert.ok(e instanceof redsem.UnknownSemaphoreError);
         assert.equal(e.code, 'ERR_REDSEM_UNKNOWN_SEMAPHORE');

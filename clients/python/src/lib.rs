@@ -306,7 +306,7 @@ impl Client {
         &self,
         py: Python<'py>,
         name: String,
-        limit: u32,
+        limit: i64,
         lease: Option<f64>,
         renew_every: Option<f64>,
         fallback_poll: Option<f64>,
@@ -330,6 +330,7 @@ impl Client {
                 ));
             }
         };
+        let limit = redsem::check_limit(limit).map_err(|e| to_py(py, e))?;
         let mut b = self
             .inner
             .semaphore(name, limit)
@@ -376,8 +377,9 @@ impl Client {
         &self,
         py: Python<'py>,
         name: String,
-        new_limit: u32,
+        new_limit: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let new_limit = redsem::check_limit(new_limit).map_err(|e| to_py(py, e))?;
         let c = self.inner.clone();
         spawn(py, async move {
             c.resize_existing(&name, new_limit)
@@ -518,7 +520,8 @@ impl Semaphore {
         })
     }
 
-    fn resize<'py>(&self, py: Python<'py>, new_limit: u32) -> PyResult<Bound<'py, PyAny>> {
+    fn resize<'py>(&self, py: Python<'py>, new_limit: i64) -> PyResult<Bound<'py, PyAny>> {
+        let new_limit = redsem::check_limit(new_limit).map_err(|e| to_py(py, e))?;
         let s = self.inner.clone();
         spawn(py, async move {
             s.resize(new_limit)

@@ -165,6 +165,14 @@ async def test_per_acquisition_lease_and_label(server: Server, name: str) -> Non
             await sem.acquire_with(redsem.AcquireOptions(timeout=1.0, try_only=True))
         with pytest.raises(redsem.InvalidArgument):
             await sem.acquire(lease=-1.0)
+        with pytest.raises(redsem.InvalidArgument, match="control character"):
+            await sem.acquire(label="two\nlines")
+        # one wording for the limit's range on every path (the library's), negatives included
+        for limit in (0, -3, 100001):
+            with pytest.raises(redsem.InvalidArgument, match=f"limit {limit} is outside 1..=100000"):
+                await c.semaphore(name + "-bad", limit=limit)
+        with pytest.raises(redsem.InvalidArgument, match="control character"):
+            await c.semaphore(name + "-bad", limit=1, label="a\tb")
         await p.release()
         await q.release()
 

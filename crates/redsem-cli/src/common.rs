@@ -178,6 +178,11 @@ pub fn normalize_url(url: &str) -> String {
 /// Durations above [`redsem::MAX_DURATION`] (365 days) are refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: a duration is 0 or more, like 10s, 1m30s or 250ms"
+        ));
+    }
     let d = if let Ok(secs) = s.parse::<f64>() {
         Duration::try_from_secs_f64(secs)
             .map_err(|_| format!("{s:?} is not a valid number of seconds"))?
@@ -189,6 +194,47 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is longer than the maximum of 365 days"));
     }
     Ok(d)
+}
+
+/// A limit, checked as the library checks every limit ([`redsem::check_limit`]: one wording
+/// for every path), negative and huge numbers included.
+pub fn parse_limit(s: &str) -> Result<u32, String> {
+    let n: i64 = s.trim().parse().map_err(|_| {
+        format!(
+            "{s:?} is not a limit: a whole number in 1..={}",
+            redsem::MAX_LIMIT
+        )
+    })?;
+    redsem::check_limit(n).map_err(|e| match e {
+        redsem::Error::InvalidArgument(why) => why,
+        other => other.to_string(),
+    })
+}
+
+/// A number of permits for one request: at least 1 (the limit bounds it later).
+pub fn parse_permits(s: &str) -> Result<u32, String> {
+    let bad = || {
+        format!(
+            "--permits {s} is not a number of permits: a request takes 1 to {} (at most the limit)",
+            redsem::MAX_LIMIT
+        )
+    };
+    match s.trim().parse::<i64>() {
+        Ok(n) if (1..=i64::from(redsem::MAX_LIMIT)).contains(&n) => Ok(n as u32),
+        _ => Err(bad()),
+    }
+}
+
+/// A label given on the command line: one line of printable text (the library refuses control
+/// characters; checking here names the option and costs no connection).
+pub fn parse_label(s: &str) -> Result<String, String> {
+    match s.chars().find(|c| c.is_control()) {
+        Some(c) => Err(format!(
+            "{} contains the control character {c:?}: a label is one line of printable text",
+            redsem::display_name(s)
+        )),
+        None => Ok(s.to_owned()),
+    }
 }
 
 /// A short human duration: `340ms`, `12.3s`, `4m05s`, `2h03m`, `3d04h`.

@@ -172,7 +172,13 @@ pub struct RunArgs {
     /// Most permits held at once, across every machine (GNU sem: -j). Creates the semaphore
     /// with this limit; optional once it exists. An existing semaphore keeps the limit stored
     /// in Redis (which `redsem limit` changes for everyone), and redsem uses that one.
-    #[arg(long, short = 'j', value_name = "L")]
+    #[arg(
+        long,
+        short = 'j',
+        value_name = "L",
+        value_parser = common::parse_limit,
+        allow_negative_numbers = true
+    )]
     pub limit: Option<u32>,
 
     /// Fail (exit 125) when the semaphore exists with a limit other than --limit, instead of
@@ -196,7 +202,8 @@ pub struct RunArgs {
         long,
         default_value_t = 1,
         value_name = "K",
-        value_parser = clap::value_parser!(u32).range(1..)
+        value_parser = common::parse_permits,
+        allow_negative_numbers = true
     )]
     pub permits: u32,
 
@@ -226,7 +233,7 @@ pub struct RunArgs {
     pub conflict_exit_code: u8,
 
     /// Label shown to operators in `stats` and `watch` (default: host:pid and the command).
-    #[arg(long, env = "REDSEM_LABEL", value_name = "TEXT")]
+    #[arg(long, env = "REDSEM_LABEL", value_name = "TEXT", value_parser = common::parse_label)]
     pub label: Option<String>,
 
     /// Run the command through `sh -c`: its words, joined by spaces, are the script (as
@@ -338,7 +345,8 @@ pub struct WatchArgs {
     /// Time between refreshes.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
-    /// Warn when more waiters than the limit stay queued for longer than this.
+    /// Warn when the head of the queue has waited longer than this, or more waiters than the
+    /// limit stay queued for longer than this (both counted from when Redis queued them).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub alert_after: Duration,
     /// Stop after this many refreshes (default: until interrupted).
@@ -422,6 +430,75 @@ pub struct ExporterArgs {
     pub listen: String,
 }
 
+/// The command line's definition, with `--version` showing the protocol version too (clients
+/// of different protocol versions refuse each other's semaphores).
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let version = VERSION.get_or_init(|| {
+        format!(
+            "{} (protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            redsem::PROTOCOL_VERSION
+        )
+    });
+    Cli::command().version(version.as_str())
+}
+
+/// clap's message for `e`, naming the environment variable when the bad value came from one
+/// (clap names only the option, which the user did not type), with a value that holds control
+/// characters escaped.
+fn name_the_env_var(e: &clap::Error, args: &[OsString]) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let mut message = e.render().to_string();
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return message;
+    }
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        e.get(ContextKind::InvalidArg),
+        e.get(ContextKind::InvalidValue),
+    ) else {
+        return message;
+    };
+    // a value with a newline or an escape is shown escaped, on one line
+    if value.chars().any(char::is_control) {
+        message = message.replacen(&format!("'{value}'"), &format!("{value:?}"), 1);
+    }
+    // `arg` is the option as clap shows it: `--lease <LEASE>`
+    let Some(long) = arg
+        .split_whitespace()
+        .next()
+        .and_then(|a| a.strip_prefix("--"))
+    else {
+        return message;
+    };
+    let typed = args.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == format!("--{long}") || a.starts_with(&format!("--{long}="))
+    });
+    let root = command();
+    let env = std::iter::once(&root)
+        .chain(root.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| a.get_long() == Some(long))
+        .find_map(|a| a.get_env())
+        .filter(|env| std::env::var_os(env).is_some_and(|v| v.to_string_lossy() == *value));
+    match env {
+        Some(env) if !typed => message.replacen(
+            &format!("for '{arg}'"),
+            &format!(
+                "for '{arg}' from the environment variable {}",
+                env.to_string_lossy()
+            ),
+            1,
+        ),
+        _ => message,
+    }
+}
+
 /// Runs the `redsem` command line on `args` (the first is the program's name, as in
 /// `std::env::args_os()`) and returns the process's exit status (the scheme of
 /// `redsem --help`; `run` passes its command's status through).
@@ -435,22 +512,28 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let parsed = Cli::try_parse_from(args).and_then(|mut cli| {
-        if let Command::Run(a) = &mut cli.command {
-            a.settle()?;
-        }
-        Ok(cli)
-    });
+    use clap::FromArgMatches;
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let parsed = command()
+        .try_get_matches_from(&args)
+        .and_then(|mut m| Cli::from_arg_matches_mut(&mut m))
+        .and_then(|mut cli| {
+            if let Command::Run(a) = &mut cli.command {
+                a.settle()?;
+            }
+            Ok(cli)
+        });
     let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
-            let code = match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
-                // not clap's 2: `run` keeps 1..=123 for the command's own exit statuses
-                _ => common::EXIT_ERROR,
-            };
-            return code;
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return 0;
+            }
+            eprint!("{}", name_the_env_var(&e, &args));
+            // not clap's 2: `run` keeps 1..=123 for the command's own exit statuses
+            return common::EXIT_ERROR;
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -48,6 +48,10 @@ the permits free within one lease.";
 /// their lease expires.
 const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
+/// A `--lease` longer than this is accepted with a warning: it is how long a crashed
+/// holder's permits stay blocked.
+const LONG_LEASE: Duration = Duration::from_secs(60 * 60);
+
 /// The longest `--kill-after` when none is given; the default is a quarter of the lease.
 const DEFAULT_KILL_AFTER_MAX: Duration = Duration::from_secs(10);
 
@@ -140,6 +144,17 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         .clone()
         .unwrap_or_else(|| default_label(a.command()));
 
+    if a.lease > LONG_LEASE {
+        say!(
+            "redsem: warning: --lease {}: if redsem or its host dies (kill -9, a power cut), \
+             its permits stay blocked for up to {} before anyone else can have them; the lease \
+             is renewed while the command runs, so a long command does not need a long lease \
+             (the default 10s is enough)",
+            fmt_dur(a.lease),
+            fmt_dur(a.lease)
+        );
+    }
+
     // Do not queue for a command that cannot run.
     if let Err((code, what)) = check_program(&program) {
         say!("redsem: cannot run {:?}: {what}", program.to_string_lossy());
@@ -174,6 +189,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     };
     let acquired = tokio::select! {
         r = acquire => r,
+        () = progress(&client, &name, a.permits, started), if a.verbose => unreachable!(),
         sig = signals.recv() => {
             // the cancelled acquire leaves the queue in the background: let it finish
             shutdown(&client).await;
@@ -368,6 +384,89 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     Ok(exit_code(status))
 }
 
+/// How often `run -v` reads the queue while it waits (one `stats` script call each).
+const PROGRESS_POLL: Duration = Duration::from_secs(1);
+/// The longest `run -v` stays silent while it waits and nothing changes.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// `run -v` while waiting: one line on stderr when the request's place in the queue or the
+/// holders change, and at least every [`PROGRESS_EVERY`]: the position in the queue, who
+/// holds, and the oldest wait. Never returns (it is dropped when the acquisition ends).
+async fn progress(client: &redsem::Client, name: &str, permits: u32, started: Instant) {
+    // this client's entries are `<client id>.<handle>-<n>`, and `run` makes one
+    let mine = format!("{}.", client.id());
+    let mut shown: Option<(Option<usize>, Vec<String>)> = None;
+    let mut shown_at = Instant::now();
+    let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Ok(s) = client.inspect(name).await else {
+            continue;
+        };
+        let me = s.waiters.iter().find(|w| w.id.starts_with(&mine));
+        let state = (
+            me.map(|w| w.position),
+            s.holders.iter().map(|h| h.id.clone()).collect::<Vec<_>>(),
+        );
+        if shown.as_ref() == Some(&state) && shown_at.elapsed() < PROGRESS_EVERY {
+            continue;
+        }
+        say!("{}", progress_line(&s, me, permits, started.elapsed()));
+        shown = Some(state);
+        shown_at = Instant::now();
+    }
+}
+
+/// One line of `run -v`'s progress (see [`progress`]).
+fn progress_line(
+    s: &redsem::Stats,
+    me: Option<&redsem::WaiterInfo>,
+    permits: u32,
+    waited: Duration,
+) -> String {
+    let place = match me {
+        Some(w) if w.position == 0 => format!("next in the queue of {}", s.waiters.len()),
+        Some(w) => format!(
+            "position {} of {} in the queue ({} ahead)",
+            w.position + 1,
+            s.waiters.len(),
+            w.position
+        ),
+        None => "not queued yet".to_owned(),
+    };
+    let holders = match s.holders.as_slice() {
+        [] => "nobody holds a permit".to_owned(),
+        hs => {
+            let mut names: Vec<String> = hs
+                .iter()
+                .take(3)
+                .map(|h| {
+                    format!(
+                        "{:?} ({} for {})",
+                        common::truncate(&h.label, 60),
+                        h.permits,
+                        fmt_dur(h.held)
+                    )
+                })
+                .collect();
+            if hs.len() > 3 {
+                names.push(format!("{} more", hs.len() - 3));
+            }
+            format!("held by {}", names.join(", "))
+        }
+    };
+    format!(
+        "redsem: waiting {} for {permits} permit(s) of {:?}: {place}; {} of {} permits in use, \
+         {holders}; the oldest wait is {}",
+        fmt_dur(waited),
+        s.name,
+        s.in_use,
+        s.limit,
+        fmt_dur(s.oldest_wait().unwrap_or_default())
+    )
+}
+
 /// Opens the semaphore: with the stored limit when there is one (an operator may have
 /// changed it with `redsem limit`), unless `--strict-limit`; else creates it with `--limit`.
 /// One script call decides (the library's [`redsem::LimitPolicy`]), so a limit changed
@@ -518,11 +617,13 @@ fn default_label(command: &[OsString]) -> String {
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_default();
+    // one line of printable text, as the library requires of a label
     let cmd = command
         .iter()
         .map(|s| s.to_string_lossy())
         .collect::<Vec<_>>()
-        .join(" ");
+        .join(" ")
+        .replace(|c: char| c.is_control(), " ");
     common::truncate(
         &format!("{}:{} {cmd}", host.trim(), std::process::id()),
         100,

@@ -90,18 +90,32 @@ impl Watcher {
                 s.available
             );
         }
-        if s.waiters.len() > s.limit as usize {
-            let since = *self.above_limit_since.get_or_insert(now);
-            let lasted = now.duration_since(since);
+        let state = if s.in_use < s.limit {
+            format!(
+                "only {} of {} permits in use: the downstream is idle while work waits",
+                s.in_use, s.limit
+            )
+        } else {
+            "every permit in use: the holders are slow, or the limit is too low".to_owned()
+        };
+        // Waits are counted from when Redis queued the request (`waited`), not from when this
+        // watch first saw it: a watch started late alerts as one started early would.
+        if let Some(head) = s.waiters.first().filter(|w| w.waited >= alert_after) {
+            let _ = writeln!(
+                out,
+                "WARNING: the head of the queue has waited {} (over --alert-after {}), {} waiting ({state})",
+                fmt_dur(head.waited),
+                fmt_dur(alert_after),
+                s.waiters.len()
+            );
+        }
+        if let Some(w) = s.waiters.get(s.limit as usize) {
+            // The queue has been longer than the limit at least since the (limit + 1)-th
+            // waiter joined it (those before it still wait, so they waited then too), and
+            // at least since this watch first saw it so.
+            let seen = *self.above_limit_since.get_or_insert(now);
+            let lasted = now.duration_since(seen).max(w.waited);
             if lasted >= alert_after {
-                let state = if s.in_use < s.limit {
-                    format!(
-                        "only {} of {} permits in use: the downstream is idle while work waits",
-                        s.in_use, s.limit
-                    )
-                } else {
-                    "every permit in use: the holders are slow, or the limit is too low".to_owned()
-                };
                 let _ = writeln!(
                     out,
                     "WARNING: the queue ({}) has stayed above the limit ({}) for {} ({state})",

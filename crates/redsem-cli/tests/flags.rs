@@ -319,3 +319,114 @@ fn one_exit_status_table_for_every_subcommand() {
         assert_eq!(code(&out), 125, "{args:?}: {}", stderr(&out));
     }
 }
+
+/// One wording per validation, whatever the path; a bad value from the environment names
+/// the variable; negative numbers and durations are read as values and refused; a very
+/// long lease runs with a warning; labels are one line of text; `--version` names the
+/// protocol.
+#[test]
+fn bad_values_are_refused_in_one_wording_that_names_their_source() {
+    let server = Server::start(Flavor::Redis);
+    let refused = |cmd: &mut std::process::Command, expected: &str| {
+        let out = run(cmd);
+        assert_eq!(code(&out), 125, "{expected}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{expected}: {}",
+            stderr(&out)
+        );
+        stderr(&out)
+    };
+    // the limit's range, in the library's words, on every path
+    for limit in ["0", "-3", "100001", "99999999999"] {
+        let expected = format!("limit {limit} is outside 1..=100000");
+        refused(
+            redsem(&server).args(["run", "v", "--limit", limit, "--", "true"]),
+            &expected,
+        );
+        refused(
+            redsem(&server).args(["run", "v", "-j", limit, "--", "true"]),
+            &expected,
+        );
+    }
+    refused(
+        redsem(&server).args(["limit", "v", "0"]),
+        "limit 0 is outside 1..=100000",
+    );
+    refused(
+        redsem(&server).args(["limit", "v", "100001"]),
+        "limit 100001 is outside 1..=100000",
+    );
+    refused(
+        redsem(&server).args(["run", "v", "--limit", "many", "--", "true"]),
+        r#""many" is not a limit: a whole number in 1..=100000"#,
+    );
+    refused(
+        redsem(&server).args(["run", "v", "--limit", "2", "--permits", "-1", "--", "true"]),
+        "--permits -1 is not a number of permits",
+    );
+    // negative durations are values, refused as such
+    for flag in ["--lease", "--timeout", "--kill-after"] {
+        refused(
+            redsem(&server).args(["run", "v", "--limit", "2", flag, "-5s", "--", "true"]),
+            r#""-5s" is negative: a duration is 0 or more"#,
+        );
+    }
+    // a bad value from the environment names the variable; a typed one does not
+    let err = refused(
+        redsem(&server)
+            .env("REDSEM_LEASE", "abc")
+            .args(["run", "v", "--limit", "2", "--", "true"]),
+        "from the environment variable REDSEM_LEASE",
+    );
+    assert!(err.contains("is not a duration"), "{err}");
+    let err = refused(
+        redsem(&server)
+            .env("REDSEM_LEASE", "abc")
+            .args(["run", "v", "--limit", "2", "--lease", "abc", "--", "true"]),
+        "is not a duration",
+    );
+    assert!(!err.contains("environment variable"), "{err}");
+    refused(
+        redsem(&server)
+            .env("REDSEM_TIMEOUT", "-1s")
+            .args(["run", "v", "--limit", "2", "--", "true"]),
+        "for '--timeout <TIMEOUT>' from the environment variable REDSEM_TIMEOUT",
+    );
+    // labels: one line of printable text, from a flag or the environment
+    refused(
+        redsem(&server).args(["run", "v", "--limit", "2", "--label", "a\nb", "--", "true"]),
+        r#""a\nb" contains the control character '\n'"#,
+    );
+    refused(
+        redsem(&server)
+            .env("REDSEM_LABEL", "a\x1b[31mb")
+            .args(["run", "v", "--limit", "2", "--", "true"]),
+        "from the environment variable REDSEM_LABEL",
+    );
+    assert_eq!(
+        server.cmd(&["DBSIZE"]).as_int(),
+        Some(0),
+        "a refused run created something"
+    );
+    // a command with a newline still runs: its default label is made one line
+    let out =
+        run(redsem(&server).args(["run", "v", "--limit", "2", "--", "sh", "-c", "true\ntrue"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    // a lease of a year runs, with a warning about what a crash then costs
+    let out = run(redsem(&server).args(["run", "v", "--lease", "365d", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning: --lease 365d") && err.contains("stay blocked for up to 365d"),
+        "{err}"
+    );
+    let out = run(redsem(&server).args(["run", "v", "--lease", "30s", "--", "true"]));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+
+    let out = run(cli_command().arg("--version"));
+    assert_eq!(code(&out), 0);
+    let expected = format!("(protocol {})", redsem::PROTOCOL_VERSION);
+    assert!(stdout(&out).contains(&expected), "{}", stdout(&out));
+}

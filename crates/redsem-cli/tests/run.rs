@@ -729,3 +729,67 @@ fn a_run_that_cannot_be_granted_creates_nothing() {
     assert!(stderr(&out).contains("its limit is 4"), "{}", stderr(&out));
     assert_eq!(counts(&server, "big"), Some((0, 0)));
 }
+
+/// `run -v` while waiting prints, one line each, its place in the queue, who holds and the
+/// oldest wait: when they change, and at least every few seconds.
+#[test]
+fn verbose_waiting_prints_progress() {
+    let server = Server::start(Flavor::Redis);
+    let holder = Background::spawn(redsem(&server).args([
+        "run",
+        "prog",
+        "--limit",
+        "1",
+        "--label",
+        "the holder",
+        "--",
+        "sleep",
+        "60",
+    ]));
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "prog") == Some((1, 0))
+    });
+    let _first = Background::spawn(
+        redsem(&server).args(["run", "prog", "--label", "first", "--", "sleep", "3"]),
+    );
+    wait_until(Duration::from_secs(20), "the first waiter", || {
+        counts(&server, "prog") == Some((1, 1))
+    });
+    let mut me = Background::spawn(
+        redsem(&server)
+            .args(["run", "prog", "-v", "--label", "me", "--", "true"])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the second waiter", || {
+        counts(&server, "prog") == Some((1, 2))
+    });
+    // two positions, then, with nothing changing, a line at least every 5 s
+    std::thread::sleep(Duration::from_secs(7));
+    holder.signal(libc::SIGTERM);
+    let (rc, err) = me.finish(Duration::from_secs(30));
+    assert_eq!(rc, 0, "{err}");
+    let progress: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("redsem: waiting ") && l.contains(" permit(s) of \"prog\": "))
+        .collect();
+    let second = progress
+        .iter()
+        .filter(|l| l.contains("position 2 of 2 in the queue (1 ahead)"))
+        .count();
+    assert!(second >= 2, "a line on start and one within 5 s: {err}");
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.contains(r#"held by "the holder" (1 for "#)
+                && l.contains("1 of 1 permits in use")
+                && l.contains("the oldest wait is ")),
+        "{err}"
+    );
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.contains("next in the queue of 1") && l.contains(r#"held by "first""#)),
+        "the change is printed: {err}"
+    );
+    assert!(err.contains("acquired slot(s)"), "{err}");
+}

@@ -71,6 +71,21 @@ sleep 0.5
 t 'redsem run licence-server --timeout 2s -- make deploy'
 t 'redsem run licence-server -n -- make deploy'
 t 'redsem run licence-server -n -E 1 -- make deploy'
+echo "### wait"
+b 'redsem run gpu --limit 1 --label "training run 41" -- sleep 8 &'
+sleep 0.5
+b 'redsem run gpu --label "eval-1" -- sleep 2 &'
+sleep 0.3
+t 'redsem run -v gpu --label "eval-2" -- true'
+wait
+echo "### values"
+t 'redsem --version'
+t 'redsem run jobs --limit -3 -- make'
+t 'REDSEM_LEASE=ten redsem run jobs --limit 2 -- make'
+t 'redsem run jobs --limit 2 --timeout -5s -- make'
+t 'redsem run jobs --limit 2 --label "$(printf '"'"'line 1\nline 2'"'"')" -- make'
+t 'redsem run jobs --limit 2 --lease 365d -- true'
+redsem delete jobs >/dev/null
 echo "### 3"
 b 'redsem run licence-server --label "ci-runner-7 make test" -- sleep 5 &'
 sleep 0.3

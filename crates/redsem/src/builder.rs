@@ -154,7 +154,8 @@ impl SemaphoreBuilder {
     }
 
     /// A label shown in [`Semaphore::stats`] for this process's holders and waiters
-    /// (default `host:pid`). At most 200 bytes.
+    /// (default `host:pid`). At most 200 bytes, without control characters (newlines, tabs,
+    /// escapes); [`open`](Self::open) refuses others with [`Error::InvalidArgument`].
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self

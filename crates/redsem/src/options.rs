@@ -93,7 +93,7 @@ impl AcquireOptions {
 
     /// The label shown for this holder (and for its ticket while it waits) in
     /// [`Semaphore::stats`](crate::Semaphore::stats), e.g. a request id (default: the
-    /// handle's). At most 200 bytes.
+    /// handle's). At most 200 bytes, without control characters (newlines, tabs, escapes).
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
@@ -173,8 +173,17 @@ impl AcquireOptions {
     }
 }
 
-/// [`Error::InvalidArgument`] for a label longer than 200 bytes.
+/// [`Error::InvalidArgument`] for a label longer than 200 bytes, or one with a control
+/// character (a newline, a tab, an escape sequence), which would garble what `stats`,
+/// `watch` and logs show.
 pub(crate) fn check_label(label: &str) -> Result<(), Error> {
+    if let Some(c) = label.chars().find(|c| c.is_control()) {
+        return Err(Error::InvalidArgument(format!(
+            "label {} contains the control character {c:?}: a label is one line of \
+             printable text",
+            crate::error::display_name(label)
+        )));
+    }
     if label.len() > MAX_LABEL_LEN {
         return Err(Error::InvalidArgument(format!(
             "label is {} bytes long; the maximum is {MAX_LABEL_LEN}",

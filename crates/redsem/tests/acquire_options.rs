@@ -147,6 +147,7 @@ async fn bad_options_are_refused_before_anything_is_sent() {
         AcquireOptions::new().lease(Duration::from_millis(2999)),
         AcquireOptions::new().lease(Duration::from_secs(400 * 24 * 3600)),
         AcquireOptions::new().label("x".repeat(201)),
+        AcquireOptions::new().label("tab\there"),
         AcquireOptions::new().timeout(Duration::from_secs(400 * 24 * 3600)),
         AcquireOptions::new()
             .try_only(true)

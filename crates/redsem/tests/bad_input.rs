@@ -38,6 +38,8 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
         ("zero local cap", open("x", 1).local_cap(0)),
         ("long label", open("x", 1).label("l".repeat(201))),
+        ("newline in label", open("x", 1).label("two\nlines")),
+        ("escape in label", open("x", 1).label("red \x1b[31m")),
         // durations that cannot be represented: a panic or a wrap-around before
         ("huge lease", open("x", 1).lease(Duration::MAX)),
         (
