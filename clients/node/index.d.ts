@@ -137,12 +137,18 @@ export interface AcquireOptions {
   leaseMs?: number;
   /** This holder's label in {@link Stats} (default the handle's; at most 200 bytes, no control characters). */
   label?: string;
+  /**
+   * Priority class, 0 (the default) to 9: higher classes are served first, FIFO within a
+   * class; a request is overtaken by at most 1000 later requests per class above its own
+   * (aging: nothing starves). Without priorities the queue is plain FIFO.
+   */
+  priority?: number;
   /** Cancels the wait: the acquire rejects with `signal.reason` and leaves the queue (a grant that arrived meanwhile is released). */
   signal?: AbortSignal;
 }
 
 /** Options of {@link Semaphore.tryAcquire}. */
-export type TryAcquireOptions = Pick<AcquireOptions, 'permits' | 'leaseMs' | 'label'>;
+export type TryAcquireOptions = Pick<AcquireOptions, 'permits' | 'leaseMs' | 'label' | 'priority'>;
 
 /** A fair (FIFO), crash-safe counting semaphore shared by every process that opens it. */
 export class Semaphore {
@@ -259,6 +265,8 @@ export interface WaiterInfo {
   /** 0 = next to be granted. */
   position: number;
   ticket: number;
+  /** Its priority class (0 by default). */
+  priority: number;
   waitedMs: number;
   leaseLeftMs: number;
 }

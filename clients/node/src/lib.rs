@@ -502,6 +502,7 @@ pub struct AcquireOptions {
     pub timeout_ms: Option<f64>,
     pub lease_ms: Option<f64>,
     pub label: Option<String>,
+    pub priority: Option<f64>,
 }
 
 impl AcquireOptions {
@@ -518,6 +519,16 @@ impl AcquireOptions {
         }
         if let Some(l) = self.label {
             o = o.label(l);
+        }
+        if let Some(p) = self.priority {
+            // (the library refuses a class above MAX_PRIORITY, in its one wording)
+            if p.fract() != 0.0 || !(0.0..=255.0).contains(&p) {
+                return Err(invalid(format!(
+                    "priority {p} is outside 0..={}",
+                    redsem::MAX_PRIORITY
+                )));
+            }
+            o = o.priority(p as u8);
         }
         Ok(o)
     }
@@ -824,6 +835,7 @@ pub struct WaiterInfo {
     pub permits: u32,
     pub position: u32,
     pub ticket: i64,
+    pub priority: u32,
     pub waited_ms: f64,
     pub lease_left_ms: f64,
 }
@@ -902,6 +914,7 @@ impl From<redsem::Stats> for Stats {
                     permits: w.permits,
                     position: w.position as u32,
                     ticket: w.ticket as i64,
+                    priority: u32::from(w.priority),
                     waited_ms: ms(w.waited),
                     lease_left_ms: ms(w.lease_left),
                 })

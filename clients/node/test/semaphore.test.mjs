@@ -84,6 +84,31 @@ for (const { flavor, binary, skip } of flavors()) {
       assert.deepEqual(order, [0, 1, 2, 3, 4, 5]);
     });
 
+    test('priority classes: higher first, FIFO within a class', async () => {
+      const sem = await client.semaphore('prio', { limit: 1 });
+      const first = await sem.acquire();
+      const order = [];
+      const waiters = [];
+      const requests = [['a0', 0], ['b2', 2], ['c1', 1], ['d2', 2]];
+      for (const [i, [label, priority]] of requests.entries()) {
+        waiters.push(sem.acquire({ label, priority }).then(async (p) => {
+          order.push(label);
+          await p.release();
+        }));
+        assert.ok(await eventually(async () => (await counts(sem)).waiters === i + 1));
+      }
+      const stats = await sem.stats();
+      assert.deepEqual(stats.waiters.map((w) => [w.label, w.priority]),
+        [['b2', 2], ['d2', 2], ['c1', 1], ['a0', 0]]);
+      await first.release();
+      await Promise.all(waiters);
+      assert.deepEqual(order, ['b2', 'd2', 'c1', 'a0']);
+      for (const priority of [10, -1, 1.5]) {
+        await assert.rejects(sem.acquire({ priority }), (e) =>
+          e instanceof redsem.InvalidArgumentError && /outside 0\.\.=9/.test(e.message));
+      }
+    });
+
     test('several permits at once, and a per-acquire lease', async () => {
       const sem = await client.semaphore('many', { limit: 3, leaseMs: 2000 });
       const p = await sem.acquire({ permits: 2, leaseMs: 9000 });

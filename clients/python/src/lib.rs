@@ -484,7 +484,8 @@ impl Semaphore {
     }
 
     /// `acquire_with(AcquireOptions)`.
-    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false))]
+    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false, priority=0))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
@@ -493,9 +494,22 @@ impl Semaphore {
         label: Option<String>,
         timeout: Option<f64>,
         try_only: bool,
+        priority: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_fork(py)?;
-        let mut o = AcquireOptions::new().permits(permits).try_only(try_only);
+        let priority = u8::try_from(priority).map_err(|_| {
+            to_py(
+                py,
+                redsem::Error::InvalidArgument(format!(
+                    "priority {priority} is outside 0..={}",
+                    redsem::MAX_PRIORITY
+                )),
+            )
+        })?;
+        let mut o = AcquireOptions::new()
+            .permits(permits)
+            .try_only(try_only)
+            .priority(priority);
         if let Some(d) = opt_secs(py, "lease", lease)? {
             o = o.lease(d);
         }

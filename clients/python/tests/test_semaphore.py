@@ -83,6 +83,32 @@ async def test_waiters_of_two_clients_are_granted_in_ticket_order(server: Server
     await c2.close()
 
 
+async def test_priority_classes_are_served_first_fifo_within_a_class(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c:
+        sem = await c.semaphore(name, limit=1)
+        first = await sem.acquire()
+        order: list[str] = []
+
+        async def waiter(label: str, priority: int) -> None:
+            async with sem.acquire(timeout=30, label=label, priority=priority):
+                order.append(label)
+
+        requests = [("a0", 0), ("b2", 2), ("c1", 1), ("d2", 2)]
+        tasks = []
+        for i, (label, priority) in enumerate(requests):
+            tasks.append(asyncio.ensure_future(waiter(label, priority)))
+            await until(lambda: n_waiting(sem, i + 1))
+        st = await sem.stats()
+        assert [(w.label, w.priority) for w in st.waiters] == [("b2", 2), ("d2", 2), ("c1", 1), ("a0", 0)]
+        await first.release()
+        await asyncio.gather(*tasks)
+        assert order == ["b2", "d2", "c1", "a0"]
+        with pytest.raises(redsem.InvalidArgument, match="priority 10 is outside 0..=9"):
+            await sem.acquire(priority=10)
+        with pytest.raises(redsem.InvalidArgument, match="outside 0..=9"):
+            await sem.acquire(priority=-1)
+
+
 async def test_a_timeout_or_a_cancelled_wait_gives_the_ticket_up(server: Server, name: str) -> None:
     async with await redsem.connect(server.url) as c:
         sem = await c.semaphore(name, limit=1)

@@ -225,6 +225,18 @@ pub fn parse_permits(s: &str) -> Result<u32, String> {
     }
 }
 
+/// A priority class: `0..=`[`redsem::MAX_PRIORITY`].
+pub fn parse_priority(s: &str) -> Result<u8, String> {
+    match s.trim().parse::<i64>() {
+        Ok(p) if (0..=i64::from(redsem::MAX_PRIORITY)).contains(&p) => Ok(p as u8),
+        _ => Err(format!(
+            "{s:?} is not a priority class: a whole number in 0..={} (0 the default, higher \
+             served first)",
+            redsem::MAX_PRIORITY
+        )),
+    }
+}
+
 /// A label given on the command line: one line of printable text (the library refuses control
 /// characters; checking here names the option and costs no connection).
 pub fn parse_label(s: &str) -> Result<String, String> {

@@ -207,6 +207,19 @@ pub struct RunArgs {
     )]
     pub permits: u32,
 
+    /// Priority class of the request, 0 (the default) to 9: higher classes are served first,
+    /// FIFO within a class, and a request is overtaken by at most 1000 later requests per
+    /// class above its own, so none starves.
+    #[arg(
+        long,
+        env = "REDSEM_PRIORITY",
+        default_value_t = 0,
+        value_name = "P",
+        value_parser = common::parse_priority,
+        allow_negative_numbers = true
+    )]
+    pub priority: u8,
+
     /// Lease of the permits, renewed while the command runs. If redsem dies, the permits
     /// free within one lease.
     #[arg(long, env = "REDSEM_LEASE", default_value = "10s", value_parser = parse_duration)]

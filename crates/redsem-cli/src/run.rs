@@ -180,13 +180,15 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             sem.limit()
         );
     }
-    let acquire = async {
-        match a.wait_limit() {
-            Some(t) if t.is_zero() => sem.try_acquire_many(a.permits).await,
-            Some(t) => sem.acquire_many_timeout(a.permits, t).await,
-            None => sem.acquire_many(a.permits).await,
-        }
+    let options = redsem::AcquireOptions::new()
+        .permits(a.permits)
+        .priority(a.priority);
+    let options = match a.wait_limit() {
+        Some(t) if t.is_zero() => options.try_only(true),
+        Some(t) => options.timeout(t),
+        None => options,
     };
+    let acquire = sem.acquire_with(options);
     let acquired = tokio::select! {
         r = acquire => r,
         () = progress(&client, &name, a.permits, started), if a.verbose => unreachable!(),

@@ -86,25 +86,38 @@ pub fn render_stats(s: &redsem::Stats) -> String {
     if s.waiters.is_empty() {
         out.push_str("QUEUE: empty\n");
     } else {
-        out.push_str("QUEUE (FIFO order)\n");
+        // the priority column only where someone asked for a class (the default is 0)
+        let classes = s.waiters.iter().any(|w| w.priority != 0);
+        out.push_str(if classes {
+            "QUEUE (in grant order: higher priority first, FIFO within a class)\n"
+        } else {
+            "QUEUE (FIFO order)\n"
+        });
         let rows: Vec<Vec<String>> = s
             .waiters
             .iter()
             .map(|w| {
-                vec![
+                let mut row = vec![
                     w.position.to_string(),
                     w.id.clone(),
                     w.permits.to_string(),
                     w.ticket.to_string(),
-                    fmt_dur(w.waited),
-                    common::truncate(&w.label, LABEL_WIDTH),
-                ]
+                ];
+                if classes {
+                    row.push(w.priority.to_string());
+                }
+                row.extend([fmt_dur(w.waited), common::truncate(&w.label, LABEL_WIDTH)]);
+                row
             })
             .collect();
-        out.push_str(&table(
-            &["POS", "ID", "PERMITS", "TICKET", "WAITED", "LABEL"],
-            &rows,
-        ));
+        let head: &[&str] = if classes {
+            &[
+                "POS", "ID", "PERMITS", "TICKET", "PRIORITY", "WAITED", "LABEL",
+            ]
+        } else {
+            &["POS", "ID", "PERMITS", "TICKET", "WAITED", "LABEL"]
+        };
+        out.push_str(&table(head, &rows));
     }
     out
 }

@@ -793,3 +793,90 @@ fn verbose_waiting_prints_progress() {
     );
     assert!(err.contains("acquired slot(s)"), "{err}");
 }
+
+/// `--priority`: a higher class runs first, FIFO within a class; `stats` shows the classes;
+/// a class outside 0..=9 is refused before anything is queued.
+#[test]
+fn a_higher_priority_runs_first() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("order.log");
+    let gate = dir.path().join("gate");
+    // the holder waits until the gate file exists
+    let mut holder = Background::spawn(
+        redsem(&server)
+            .args(["run", "prio", "--limit", "1", "--", "sh", "-c"])
+            .arg(format!(
+                "while [ ! -e {} ]; do sleep 0.05; done",
+                gate.display()
+            ))
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "prio") == Some((1, 0))
+    });
+    let mut queued = Vec::new();
+    for (i, (label, priority)) in [("low-a", "0"), ("high", "7"), ("low-b", "0"), ("mid", "3")]
+        .into_iter()
+        .enumerate()
+    {
+        queued.push(Background::spawn(
+            redsem(&server)
+                .args(["run", "prio", "--label", label, "--priority", priority])
+                .args(["--", "sh", "-c", r#"echo "$L" >> "$LOG""#])
+                .env("LOG", &log)
+                .env("L", label)
+                .stderr(Stdio::piped()),
+        ));
+        wait_until(Duration::from_secs(20), "the request to queue", || {
+            counts(&server, "prio") == Some((1, i + 1))
+        });
+    }
+    let out = run(redsem(&server).args(["stats", "prio"]));
+    let text = stdout(&out);
+    assert!(text.contains("higher priority first"), "{text}");
+    assert!(text.contains("PRIORITY"), "{text}");
+    let waiters = stats_json(&server, "prio")["waiters"].clone();
+    let order: Vec<(String, u64)> = waiters
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["label"].as_str().unwrap().to_owned(),
+                w["priority"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("high".to_owned(), 7),
+            ("mid".to_owned(), 3),
+            ("low-a".to_owned(), 0),
+            ("low-b".to_owned(), 0)
+        ]
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    let (rc, err) = holder.finish(Duration::from_secs(60));
+    assert_eq!(rc, 0, "{err}");
+    for mut q in queued {
+        let (rc, err) = q.finish(Duration::from_secs(60));
+        assert_eq!(rc, 0, "{err}");
+    }
+    let ran = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        ran.lines().collect::<Vec<_>>(),
+        ["high", "mid", "low-a", "low-b"]
+    );
+
+    let out = run(redsem(&server).args(["run", "prio", "--priority", "10", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("\"10\" is not a priority class: a whole number in 0..=9"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(counts(&server, "prio"), Some((0, 0)));
+}

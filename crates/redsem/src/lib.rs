@@ -138,7 +138,7 @@ pub use error::{BackendError, Error, LostReason, NoPermitsReason};
 #[doc(hidden)]
 pub use keys::Keys;
 pub use keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
-pub use options::{AcquireOptions, MAX_DURATION};
+pub use options::{AcquireOptions, MAX_DURATION, MAX_PRIORITY};
 pub use permit::{Fence, Permit};
 pub use semaphore::{MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, Stats, WaiterInfo};

@@ -31,7 +31,10 @@ pub use crate::keys::MAX_LIMIT;
 /// # Fairness
 /// Permits are granted strictly in ticket order. An [`acquire_many`](Self::acquire_many) at
 /// the head of the queue blocks smaller requests behind it until enough permits are free:
-/// no request starves, at the cost of idle permits while a large request waits.
+/// no request starves, at the cost of idle permits while a large request waits. An
+/// acquisition may carry a priority class ([`AcquireOptions::priority`]): higher classes are
+/// served first, FIFO within a class, and a request is overtaken by at most 1000 later ones
+/// per class above its own, so none starves either.
 ///
 /// # Cost
 /// At most one script call per acquisition (granted at once, or queued and later notified

@@ -76,8 +76,11 @@ pub struct WaiterInfo {
     pub permits: u32,
     /// Position in the queue, 0 = next to be granted.
     pub position: usize,
-    /// Ticket number (FIFO order across all processes).
+    /// Ticket number (FIFO order across all processes, within a priority class).
     pub ticket: u64,
+    /// Its priority class ([`AcquireOptions::priority`](crate::AcquireOptions::priority); 0
+    /// by default).
+    pub priority: u8,
     /// Time since it joined the queue.
     #[serde(with = "millis")]
     pub waited: Duration,
@@ -129,6 +132,7 @@ impl Stats {
                 waited: ms(now - e.queued_at),
                 lease_left: ms(e.expires_at.unwrap_or(now) - now),
                 ticket: e.ticket as u64,
+                priority: e.priority,
                 id: e.id,
                 label: e.label,
                 permits: e.permits,

@@ -288,7 +288,7 @@ fn crashed_holder(server: &Server, name: &str, limit: u32, suffix: &str, id: &st
         name,
         limit,
         include_str!("../src/scripts/acquire.lua"),
-        &["1", id, "1", &lease, &lease, suffix, "crashed", "try"],
+        &["1", id, "1", &lease, &lease, suffix, "crashed", "try", "0"],
     );
     assert!(
         format!("{r:?}").starts_with("Array([Array([Int(1)"),

@@ -1,6 +1,6 @@
-//! Property test: random sequences of acquire / acquire_many / try_acquire / release /
-//! cancel / expiry / renewal / resize are run against the Lua scripts in Redis and against a
-//! small in-memory model of the semantics. After every step the two must agree on the reply,
+//! Property test: random sequences of acquire / acquire_many / try_acquire (each with a
+//! priority class) / release / cancel / expiry / renewal / resize are run against the Lua
+//! scripts in Redis and against a small in-memory model of the semantics. After every step the two must agree on the reply,
 //! the holders and their slots, the queue order, the free slots and the holders' fences; at the end,
 //! the notifications each client channel received must be exactly the grants and
 //! rejections the model made for that client's waiters, in order.
@@ -27,9 +27,9 @@ fn script(body: &str) -> redis::Script {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// A batch of 1 to 3 acquisitions `(n, try_only, client)` in one script call.
+    /// A batch of 1 to 3 acquisitions `(n, try_only, client, priority)` in one script call.
     Acquire {
-        reqs: Vec<(u32, bool, usize)>,
+        reqs: Vec<(u32, bool, usize, u8)>,
     },
     /// Release a holder or cancel a waiter (same script).
     Release {
@@ -50,7 +50,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => proptest::collection::vec((1u32..=4, any::<bool>(), 0usize..2), 1..=3).prop_map(|reqs| Op::Acquire { reqs }),
+        4 => proptest::collection::vec((1u32..=4, any::<bool>(), 0usize..2, priority()), 1..=3).prop_map(|reqs| Op::Acquire { reqs }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Expire { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
@@ -58,11 +58,23 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A priority class: mostly the default 0.
+fn priority() -> impl Strategy<Value = u8> {
+    prop_oneof![3 => Just(0u8), 1 => 1u8..=2]
+}
+
+/// A waiter's place in the queue (docs/PROTOCOL.md, "Priority classes"): its ticket less
+/// 1000 and a sixteenth per class.
+fn place(ticket: u64, priority: u8) -> f64 {
+    ticket as f64 - f64::from(priority) * 1000.0625
+}
+
 #[derive(Clone, Debug, PartialEq)]
 struct Entry {
     n: u32,
     client: usize,
     ticket: u64,
+    priority: u8,
     slots: Vec<u32>,
     fences: Vec<u64>,
 }
@@ -82,7 +94,7 @@ enum Reply {
         limit: u32,
     },
     Removed(u64),
-    States(Vec<i64>),
+    States(Vec<i64>, Option<i64>),
     Batch(Vec<Reply>),
     Limit(u32),
 }
@@ -111,6 +123,24 @@ impl Model {
             expired: BTreeSet::new(),
             notices: [vec![], vec![]],
         }
+    }
+    fn place_of(&self, id: &str) -> f64 {
+        let e = &self.entries[id];
+        place(e.ticket, e.priority)
+    }
+    /// Queues `id` at its place (the queue is ordered by place).
+    fn enqueue(&mut self, id: &str) {
+        let p = self.place_of(id);
+        let at = self
+            .queue
+            .iter()
+            .position(|q| self.place_of(q) > p)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, id.to_owned());
+    }
+    /// The head's place rounded down, as renew.lua reports it (None: nobody waits).
+    fn head_place(&self) -> Option<i64> {
+        self.queue.first().map(|h| self.place_of(h).floor() as i64)
     }
     fn used(&self) -> u32 {
         self.entries.values().map(|e| e.slots.len() as u32).sum()
@@ -422,7 +452,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Acquire { reqs } => {
                 let mut args = vec![reqs.len().to_string()];
                 let mut batch_ids = vec![];
-                for (n, try_only, client) in reqs {
+                for (n, try_only, client, priority) in reqs {
                     let id = format!("c{client}-{next_id}");
                     next_id += 1;
                     ids.push(id.clone());
@@ -435,6 +465,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                         format!("c{client}"),
                         "label".into(),
                         if *try_only { "try" } else { "wait" }.into(),
+                        priority.to_string(),
                     ]);
                 }
                 let Value::Array(replies) = real.call(&real.acquire.clone(), &args) else {
@@ -444,11 +475,14 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                 // one settle for the call, then each request in order
                 model.settle();
                 let mut want = vec![];
-                for ((n, try_only, client), id) in reqs.iter().zip(batch_ids) {
+                for ((n, try_only, client, priority), id) in reqs.iter().zip(batch_ids) {
+                    // queued ahead of it: a lower place than the one its ticket would give
+                    let mine = place(model.seq + 1, *priority);
+                    let ahead = model.queue.iter().any(|q| model.place_of(q) < mine);
                     want.push(if *n > model.limit {
                         Reply::TooMany { limit: model.limit }
                     } else if *try_only {
-                        if !model.queue.is_empty() || model.used() + n > model.limit {
+                        if ahead || model.used() + n > model.limit {
                             Reply::NoCapacity
                         } else {
                             model.seq += 1;
@@ -458,6 +492,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                                     n: *n,
                                     client: *client,
                                     ticket: model.seq,
+                                    priority: *priority,
                                     slots: vec![],
                                     fences: vec![],
                                 },
@@ -473,11 +508,12 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                                 n: *n,
                                 client: *client,
                                 ticket: model.seq,
+                                priority: *priority,
                                 slots: vec![],
                                 fences: vec![],
                             },
                         );
-                        model.queue.push(id.clone());
+                        model.enqueue(&id);
                         let out = model.pump();
                         model.publish(&out, Some(&id));
                         if out.iter().any(|(g, ok)| g == &id && *ok) {
@@ -548,6 +584,11 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                             _ => panic!("{s:?}"),
                         })
                         .collect(),
+                    match &a[5] {
+                        Value::Nil => None,
+                        Value::Int(h) => Some(*h),
+                        other => panic!("head {other:?}"),
+                    },
                 );
                 model.settle();
                 let state = match model.entries.get(&id) {
@@ -555,7 +596,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     Some(e) if e.slots.is_empty() => 0,
                     Some(_) => 1,
                 };
-                (Reply::States(vec![state]), got)
+                (Reply::States(vec![state], model.head_place()), got)
             }
             Op::Resize { limit } => {
                 let got = Reply::Limit(

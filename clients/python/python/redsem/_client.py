@@ -66,6 +66,8 @@ class WaiterInfo:
     ticket: int
     waited: float
     lease_left: float
+    priority: int = 0
+    """Its priority class (0, the default, to 9)."""
 
 
 @dataclass
@@ -125,6 +127,7 @@ class Stats:
                     ticket=w["ticket"],
                     waited=w["waited"] / 1000,
                     lease_left=w["lease_left"] / 1000,
+                    priority=w["priority"],
                 )
                 for w in d["waiters"]
             ],
@@ -175,7 +178,10 @@ class AcquireOptions:
     `permits`: how many at once (one slot each); `lease`: this acquisition's lease (seconds;
     default the handle's); `label`: shown to operators in `stats` (default the handle's);
     `timeout`: give up the place in the queue after this many seconds (`Timeout`);
-    `try_only`: only if free now and nobody is queued first (`NoPermits`), one round trip.
+    `try_only`: only if free now and nobody is queued first (`NoPermits`), one round trip;
+    `priority`: the class, 0 (the default) to 9, higher served first, FIFO within a class,
+    and a request is overtaken by at most 1000 later ones per class above its own (aging:
+    nothing starves; see `redsem::AcquireOptions::priority`).
     """
 
     permits: int = 1
@@ -183,6 +189,7 @@ class AcquireOptions:
     label: str | None = None
     timeout: float | None = None
     try_only: bool = False
+    priority: int = 0
 
 
 class LostSignal:
@@ -438,13 +445,14 @@ class Semaphore:
         timeout: float | None = None,
         lease: float | None = None,
         label: str | None = None,
+        priority: int = 0,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
         """Waits in FIFO order for `permits` permits (at most `timeout` seconds: `Timeout`);
-        `lease`/`label` override the handle's for this acquisition. A timeout or a cancelled
-        wait gives the ticket up."""
+        `lease`/`label` override the handle's for this acquisition; `priority` is its class
+        (see `AcquireOptions`). A timeout or a cancelled wait gives the ticket up."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label),
+            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, priority=priority),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -454,12 +462,13 @@ class Semaphore:
         *,
         lease: float | None = None,
         label: str | None = None,
+        priority: int = 0,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
-        """Only if `permits` are free now and nobody is queued first (FIFO), else `NoPermits`
-        (with `.reason`); one round trip."""
+        """Only if `permits` are free now and nobody is queued ahead (FIFO; with `priority`,
+        ahead of its place), else `NoPermits` (with `.reason`); one round trip."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True),
+            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, priority=priority),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -474,6 +483,7 @@ class Semaphore:
                 label=options.label,
                 timeout=options.timeout,
                 try_only=options.try_only,
+                priority=options.priority,
             )
 
         return AcquireContext(start, cancel_on_loss)

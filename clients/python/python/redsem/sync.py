@@ -129,13 +129,21 @@ class Semaphore:
         timeout: float | None = None,
         lease: float | None = None,
         label: str | None = None,
+        priority: int = 0,
     ) -> Permit:
-        """Blocks until `permits` permits are granted (FIFO), at most `timeout` seconds."""
-        return self.acquire_with(AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label))
+        """Blocks until `permits` permits are granted (FIFO within a `priority` class), at most
+        `timeout` seconds."""
+        return self.acquire_with(
+            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, priority=priority)
+        )
 
-    def try_acquire(self, permits: int = 1, *, lease: float | None = None, label: str | None = None) -> Permit:
-        """Only if free now and nobody is queued first, else `NoPermits`."""
-        return self.acquire_with(AcquireOptions(permits=permits, lease=lease, label=label, try_only=True))
+    def try_acquire(
+        self, permits: int = 1, *, lease: float | None = None, label: str | None = None, priority: int = 0
+    ) -> Permit:
+        """Only if free now and nobody is queued ahead, else `NoPermits`."""
+        return self.acquire_with(
+            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, priority=priority)
+        )
 
     def acquire_with(self, options: AcquireOptions) -> Permit:
         async def go() -> _client.Permit:

@@ -31,7 +31,7 @@ use super::held::Held;
 use super::lease::{LeaseState, deadline_after};
 use super::table::{Outcome, Waiter};
 use crate::error::{BackendError, Error, NoPermitsReason};
-use crate::scripts::AcquireReply;
+use crate::scripts::{self, AcquireReply};
 
 /// What one acquisition asks for (validated by the public layer).
 pub(crate) struct Ask {
@@ -144,6 +144,7 @@ impl Handle {
             .as_ref()
             .and_then(|c| c.lease)
             .unwrap_or(self.timing.lease);
+        let priority = custom.as_ref().map_or(0, |c| c.priority);
         // its session is renewed from now on, and by the permit once granted
         let lease_use =
             (holder_lease != self.timing.lease).then(|| self.table.use_lease(holder_lease));
@@ -216,7 +217,9 @@ impl Handle {
                     } => {
                         tracing::Span::current().record("ticket", ticket);
                         tracing::debug!(ticket, "waiting in the queue");
-                        self.table.lock().waiter_queued(&pending.id, ticket);
+                        self.table
+                            .lock()
+                            .waiter_queued(&pending.id, scripts::queue_place(ticket, priority));
                         self.heartbeat.lease_expires_in(next_expiry_ms)
                     }
                     AcquireReply::NoCapacity { queued_first } => {

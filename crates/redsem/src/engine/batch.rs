@@ -42,6 +42,8 @@ pub(crate) struct Custom {
     pub(crate) lease: Option<std::time::Duration>,
     /// The label shown in the semaphore's stats.
     pub(crate) label: Option<String>,
+    /// The priority class (0: the default, plain FIFO).
+    pub(crate) priority: u8,
 }
 
 /// The request settings of one handle: what every acquisition it sends shares.
@@ -111,6 +113,7 @@ async fn run(
                         .and_then(|c| c.label.as_deref())
                         .unwrap_or(&settings.label),
                     try_only: r.try_only,
+                    priority: custom.map_or(0, |c| c.priority),
                 }
             })
             .collect();

@@ -84,9 +84,9 @@ pub(crate) struct Schedule {
     /// Check every local waiter in Redis at the next heartbeat (a reconnect, a session
     /// that had lost its lease, a failed check).
     check_all: bool,
-    /// The head of the queue at the last renewal: a waiter with a lower ticket was granted
-    /// or removed meanwhile, and is checked (`u64::MAX`: nobody was waiting).
-    doubt_below: u64,
+    /// The place of the head of the queue at the last renewal: a waiter with a lower place
+    /// was granted or removed meanwhile, and is checked (infinity: nobody was waiting).
+    doubt_below: f64,
 }
 
 impl Schedule {
@@ -98,7 +98,7 @@ impl Schedule {
             next_check: None,
             waiters_checked_at: Instant::now(),
             check_all: false,
-            doubt_below: 0,
+            doubt_below: f64::NEG_INFINITY,
         }
     }
 
@@ -335,7 +335,7 @@ async fn beat(hb: &Heartbeat) {
 
 /// The local waiters (with confirmed tickets) that a check in Redis must look at, except
 /// those in `checked`: all of them after a reconnect or when their session had lost its
-/// lease, else those whose ticket is below the head of the queue (granted or removed while
+/// lease, else those whose place is below the head of the queue (granted or removed while
 /// their notification was lost). Takes the "all" flag.
 fn in_doubt(hb: &Heartbeat, checked: &HashSet<Arc<str>>) -> Vec<Arc<str>> {
     let waiters = hb.table.lock().queued_waiters();
@@ -343,7 +343,7 @@ fn in_doubt(hb: &Heartbeat, checked: &HashSet<Arc<str>>) -> Vec<Arc<str>> {
     let all = std::mem::take(&mut schedule.check_all);
     waiters
         .into_iter()
-        .filter(|(id, ticket)| (all || *ticket < schedule.doubt_below) && !checked.contains(id))
+        .filter(|(id, place)| (all || *place < schedule.doubt_below) && !checked.contains(id))
         .map(|(id, _)| id)
         .collect()
 }
@@ -448,7 +448,7 @@ async fn renew_call(
                     // retried like a failed call; the holders' deadlines stay where they were
                     schedule.failed(now, &hb.timing);
                 }
-                schedule.doubt_below = renewal.head.unwrap_or(u64::MAX);
+                schedule.doubt_below = renewal.head.map_or(f64::INFINITY, |h| h as f64);
                 if !sessions.is_empty() && !waiters_kept {
                     // the waiters' session had expired: they may have been reaped
                     schedule.check_all = true;

@@ -38,9 +38,10 @@ pub(crate) enum Outcome {
 /// One pending acquire.
 pub(crate) struct Waiter {
     tx: oneshot::Sender<Outcome>,
-    /// The ticket Redis confirmed (the acquire call returned "queued"). Until then the
-    /// heartbeat never checks it: a check that overtook the acquire would find it missing.
-    ticket: Option<u64>,
+    /// Its place in the queue ([`queue_place`](crate::scripts::queue_place) of the ticket
+    /// Redis confirmed: the acquire call returned "queued"). Until then the heartbeat never
+    /// checks it: a check that overtook the acquire would find it missing.
+    place: Option<f64>,
     /// Counts this waiter in `redsem_client_waiters` while it lives (feature `metrics`).
     _gauge: crate::metrics::WaiterGauge,
 }
@@ -50,7 +51,7 @@ impl Waiter {
     pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
         Waiter {
             tx,
-            ticket: None,
+            place: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
     }
@@ -82,11 +83,11 @@ pub(crate) struct Entries {
 
 impl Entries {
     /// The waiters whose ticket Redis confirmed (only those can be checked), with their
-    /// tickets.
-    pub(crate) fn queued_waiters(&self) -> Vec<(Arc<str>, u64)> {
+    /// places in the queue.
+    pub(crate) fn queued_waiters(&self) -> Vec<(Arc<str>, f64)> {
         self.waiters
             .iter()
-            .filter_map(|(id, w)| w.ticket.map(|t| (id.clone(), t)))
+            .filter_map(|(id, w)| w.place.map(|p| (id.clone(), p)))
             .collect()
     }
 
@@ -109,10 +110,11 @@ impl Entries {
         }
     }
 
-    /// Redis confirmed the ticket of waiter `id`: the heartbeat may check it from now on.
-    pub(crate) fn waiter_queued(&mut self, id: &str, ticket: u64) {
+    /// Redis confirmed the ticket of waiter `id`, queued at `place`: the heartbeat may check
+    /// it from now on.
+    pub(crate) fn waiter_queued(&mut self, id: &str, place: f64) {
         if let Some(w) = self.waiters.get_mut(id) {
-            w.ticket = Some(ticket);
+            w.place = Some(place);
         }
     }
 

@@ -1,15 +1,16 @@
 -- acquire: for each request of a batch, take a ticket (or, in try mode, take capacity only if
 -- it is free now). Requests are handled in order, as if sent one after the other: a batch is
 -- what a client gathered while its previous call was in flight, so FIFO order is kept.
--- ARGV (after the common header): 4 k (number of requests), then 7 values per request:
---   id, n, holder lease ms, waiter lease ms, client channel suffix, label, mode ("wait"|"try")
+-- ARGV (after the common header): 4 k (number of requests), then 8 values per request:
+--   id, n, holder lease ms, waiter lease ms, client channel suffix, label, mode ("wait"|"try"),
+--   priority class (0..9, 0 the default; higher first: prelude's score_of)
 -- A waiter joins the session '<suffix>~<waiter lease>', a holder '<suffix>~<holder lease>';
 -- joining extends the session's lease to at least now + its lease.
 -- Reply: one reply per request, in order:
 --        {1, slots, fences, ticket}   granted now
 --        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
 --        {-1, why}                    try mode: not granted; why = 1: fewer permits free than n,
---                                     2: enough free, but others are queued first (FIFO)
+--                                     2: enough free, but others are queued ahead (FIFO)
 --        {-2, limit}                  n exceeds the limit
 --        Each reply ends with one more element: the permits free once the whole batch was
 --        handled (a snapshot for Semaphore::available_permits).
@@ -19,7 +20,9 @@ check_zset(K_OWN)
 local limit = load_limit()
 settle(now, limit, false)
 local used = held_count()
-local queued = nil
+-- The place (score_of) of the head of the queue: nil until read, math.huge when nobody waits.
+-- A request is granted at once only if it fits and nobody is queued ahead of it.
+local head = nil
 local k = tonumber(ARGV[4])
 -- A batch reads the records of its ids that exist already (a request sent again) with one
 -- HMGET, and gathers its writes (below); a lone request reads and writes as it goes, which
@@ -28,14 +31,14 @@ local stored = nil
 if k > 1 then
   stored = {}
   local ids = {}
-  for j = 0, k - 1 do ids[j + 1] = ARGV[5 + 7 * j] end
+  for j = 0, k - 1 do ids[j + 1] = ARGV[5 + 8 * j] end
   local found = get_metas(ids)
   for j, id in ipairs(ids) do
     if found[j] then stored[id] = found[j] end
   end
 end
 
-local function one(id, n, lease, wait_lease, channel, label, mode)
+local function one(id, n, lease, wait_lease, channel, label, mode, priority)
   if n > limit then return { -2, limit } end
   local m
   if stored then m = (BUF and BUF.rec[id]) or stored[id] else m = get_meta(id) end
@@ -44,8 +47,19 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
     return { 0, m.t, false }
   end
   m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
-  -- FIFO: capacity goes to the queue first; with nobody queued, take it at once.
-  if queued == nil then queued = redis.call('ZCARD', K_QUEUE) > 0 end
+  if priority > 0 then m.p = priority end
+  -- Capacity goes to the queue first: a request is granted at once only if nobody is queued
+  -- ahead of it. Without a priority everyone queued is ahead (their places are below any new
+  -- ticket); with one, only those whose place is at or below its own.
+  if head == nil then
+    local h = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+    head = #h > 0 and tonumber(h[2]) or math.huge
+  end
+  -- (its place with the ticket it takes if it is granted or queued; a try that fails takes
+  -- none)
+  m.t = SEQ + 1
+  local place = score_of(m)
+  local queued = head < place
   local fits = used + n <= limit
   if not queued and fits then
     m.t = next_ticket()
@@ -57,10 +71,11 @@ local function one(id, n, lease, wait_lease, channel, label, mode)
     used = held_count()
   end
   if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
-  -- Queue at the tail. Nobody ahead could be granted (see settle), so neither can we yet.
-  m.t = m.t or next_ticket()
-  queued = true
-  write_entry(id, m, nil, m.t, sess_of(m), now + m.w)
+  -- Queue at its place: behind a head that cannot be granted (see settle), or at the head
+  -- itself when it does not fit; either way nobody can be granted yet.
+  m.t = next_ticket()
+  if place < head then head = place end
+  write_entry(id, m, nil, place, sess_of(m), now + m.w)
   return { 0, m.t, false } -- (the next expiry is filled in once the batch is written)
 end
 
@@ -68,9 +83,9 @@ end
 if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} } end
 local replies = {}
 for j = 0, k - 1 do
-  local b = 5 + 7 * j
+  local b = 5 + 8 * j
   replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
-    tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6])
+    tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], tonumber(ARGV[b + 7]))
 end
 flush()
 local expiry = nil

@@ -166,6 +166,20 @@ pub(crate) struct AcquireArgs<'a> {
     pub(crate) channel_id: &'a str,
     pub(crate) label: &'a str,
     pub(crate) try_only: bool,
+    /// Its priority class, `0..=MAX_PRIORITY`.
+    pub(crate) priority: u8,
+}
+
+/// Tickets per priority class in a waiter's place: a waiter is overtaken by at most this
+/// many later requests per class above its own (docs/PROTOCOL.md, "Priority classes"; the
+/// prelude's `AGING`).
+pub(crate) const PRIORITY_AGING: u64 = 1000;
+
+/// The place in the queue (its score in `queue`) of a waiter with `ticket` and `priority`,
+/// as the prelude's `score_of` computes it: the ticket less `PRIORITY_AGING + 1/16` per
+/// class (exact in an `f64`). The queue is ordered by place.
+pub(crate) fn queue_place(ticket: u64, priority: u8) -> f64 {
+    ticket as f64 - f64::from(priority) * (PRIORITY_AGING as f64 + 0.0625)
 }
 
 /// Runs a batch of acquisitions in one script call, in order; one reply per request.
@@ -184,7 +198,8 @@ pub(crate) async fn acquire(
                     .arg(a.wait_lease_ms)
                     .arg(a.channel_id)
                     .arg(a.label)
-                    .arg(if a.try_only { "try" } else { "wait" });
+                    .arg(if a.try_only { "try" } else { "wait" })
+                    .arg(a.priority);
             }
         })
         .await?;
@@ -641,4 +656,27 @@ pub(crate) async fn fence(
     }
     let accepted: i64 = inv.invoke_async(conn).await?;
     Ok(accepted == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's place of a waiter is the prelude's `score_of`: one aging constant.
+    #[test]
+    fn the_aging_of_priority_classes_is_the_preludes() {
+        assert!(
+            PRELUDE.contains(&format!("local AGING = {PRIORITY_AGING}\n")),
+            "prelude.lua's AGING differs from PRIORITY_AGING"
+        );
+        assert!(PRELUDE.contains("m.t - m.p * (AGING + 0.0625)"));
+        assert_eq!(queue_place(17, 0), 17.0);
+        assert_eq!(queue_place(5, 1), 5.0 - 1000.0625);
+        // within a class FIFO; a class above overtakes the requests of up to 1000 tickets
+        // before it per class, no more
+        assert!(queue_place(2_001, 2) < queue_place(1, 0));
+        assert!(queue_place(2_002, 2) > queue_place(1, 0));
+        assert!(queue_place(9_001, crate::MAX_PRIORITY) < queue_place(1, 0));
+        assert!(queue_place(9_002, crate::MAX_PRIORITY) > queue_place(1, 0));
+    }
 }

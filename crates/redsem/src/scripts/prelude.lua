@@ -3,11 +3,13 @@
 -- KEYS (all under one hash tag, see keys.rs):
 --   1 cfg    hash  limit, ver, seq (last ticket), gen (last fence generation), grants, expired,
 --                  repairs, qlen (the number of members of queue: its loss is detected by it)
---   2 queue  zset  waiting tickets: member = id, score = ticket number (FIFO order)
+--   2 queue  zset  waiting tickets: member = id, score = the waiter's place (score_of: its ticket,
+--                  less AGING per priority class; the ticket itself without a priority)
 --   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME); '#'
 --                  (score +inf, never expires) marks it as complete (its loss is detected by it)
 --   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
 --                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
+--                  p (priority class, 1..9; absent for the default 0),
 --                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
 --   5 slots  hash  slot number -> id of its holder
 --   6 free   zset  free slot numbers below the limit (member = score = slot)
@@ -85,9 +87,21 @@ local function in_chunks(list, f)
   end
 end
 
--- Queues `id` under `ticket`.
-local function queue_add(ticket, id)
-  QLEN = QLEN + redis.call('ZADD', K_QUEUE, ticket, id)
+-- Priority classes (docs/PROTOCOL.md, "Priority classes"): a waiter's place in the queue is
+-- its ticket less AGING + 1/16 per class, so a higher class is served first, FIFO within a
+-- class, and a waiter is overtaken by at most AGING requests per class above its own that
+-- arrive after it (its priority rises with the tickets issued after it: nothing starves).
+-- The sixteenth makes every place unique (no two waiters tie). Without a priority the place
+-- is the ticket: plain FIFO.
+local AGING = 1000
+local function score_of(m)
+  if m.p then return m.t - m.p * (AGING + 0.0625) end
+  return m.t
+end
+
+-- Queues `id` at `score` (score_of its record).
+local function queue_add(score, id)
+  QLEN = QLEN + redis.call('ZADD', K_QUEUE, score, id)
   CFG_DIRTY = true
 end
 
@@ -119,18 +133,18 @@ local function flush()
 end
 
 -- Writes the record of `id`, and with it (each if given) its slot mappings `map` (slot, id,
--- slot, id...), its queue entry under `ticket`, and its entry in the session `sid`, whose
+-- slot, id...), its queue entry at `score`, and its entry in the session `sid`, whose
 -- lease is raised to at least `until_ms`.
-local function write_entry(id, m, map, ticket, sid, until_ms)
+local function write_entry(id, m, map, score, sid, until_ms)
   local b = BUF
   if b then
     if map then
       local t = b.slots
       for i = 1, #map do t[#t + 1] = map[i] end
     end
-    if ticket then
+    if score then
       local t = b.queue
-      t[#t + 1] = ticket; t[#t + 1] = id
+      t[#t + 1] = score; t[#t + 1] = id
     end
     if sid then
       local e = b.exp[sid]
@@ -149,7 +163,7 @@ local function write_entry(id, m, map, ticket, sid, until_ms)
     return
   end
   if map then redis.call('HSET', K_SLOTS, unpack(map)) end
-  if ticket then queue_add(ticket, id) end
+  if score then queue_add(score, id) end
   if sid then
     redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
@@ -341,14 +355,15 @@ local function rare()
   end
 
   -- The queue is shorter than cfg.qlen says: the `queue` key was lost. Every waiter record
-  -- goes back at its own ticket, so that FIFO order holds. O(entries), once after a loss.
+  -- goes back at its own place (score_of), so that the order holds. O(entries), once after a
+  -- loss.
   function R.restore_queue()
     check_all()
     R.count_repair()
     local metas = redis.call('HGETALL', K_META)
     for j = 1, #metas, 2 do
       local m = cjson.decode(metas[j + 1])
-      if not m.s then redis.call('ZADD', K_QUEUE, m.t, metas[j]) end
+      if not m.s then redis.call('ZADD', K_QUEUE, score_of(m), metas[j]) end
     end
     QLEN = redis.call('ZCARD', K_QUEUE)
     CFG_DIRTY = true
@@ -436,7 +451,7 @@ local function rare()
       if redis.call('ZADD', K_OWN, 0, sid .. '|' .. id) == 1 then fixed = true end
       if redis.call('ZADD', K_EXP, 'NX', now + (m.s and m.l or m.w), sid) == 1 then fixed = true end
       if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
-        queue_add(m.t, id)
+        queue_add(score_of(m), id)
         fixed = true
       end
     end

@@ -14,8 +14,10 @@
 --        free: the permits free now; limit: the stored limit
 --        sessions: one per session, in order: 1 it had a lease, 0 it had none (it expired and
 --          its entries were reaped, or the client has not used it yet): its lease starts now
---        head: the ticket at the head of the queue, or -1 when nobody waits (a waiter with a
---          lower ticket was granted or removed: its notification may have been lost)
+--        head: the place (score) of the head of the queue rounded down, or nil when nobody
+--          waits (a waiter with a lower place was granted or removed: its notification may
+--          have been lost; a place is the ticket for a waiter without a priority, see
+--          prelude's score_of)
 --        removed: the ids of the sessions' entries that someone else removed since their last
 --          renewal (an operator's release, a rejection after a shrink)
 --        why: one per removed id, in order: 1 an operator removed it (a forced release), 2 it
@@ -30,7 +32,7 @@ if not limit then
   local states, sessions = {}, {}
   for i = 5 + 2 * k, #A do states[#states + 1] = { -1 } end
   for j = 1, k do sessions[j] = 0 end
-  return { -1, states, 0, tonumber(A[1]), sessions, -1, {}, {}, 1 }
+  return { -1, states, 0, tonumber(A[1]), sessions, false, {}, {}, 1 }
 end
 settle(now, limit, false)
 local sessions, removed, why = {}, {}, {}
@@ -68,10 +70,10 @@ for i = 5 + 2 * k, #A do
     states[#states + 1] = held_reply(m)
   else
     if not redis.call('ZSCORE', K_QUEUE, id) then
-      -- its place in the queue was lost with the `queue` key: back at its ticket
+      -- its place in the queue was lost with the `queue` key: back at its place
       check_all()
       rare().count_repair()
-      queue_add(m.t, id)
+      queue_add(score_of(m), id)
       requeued = true
     end
     states[#states + 1] = { 0 }
@@ -81,4 +83,4 @@ if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and tonumber(head[2]) or -1, removed, why, 0 }
+  #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0 }

@@ -102,7 +102,11 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
     if had_lease.len() != sessions {
         return Err(unexpected(v));
     }
-    let head = int(items.get(5))?;
+    // (nil when nobody waits)
+    let head = match items.get(5) {
+        Some(Value::Nil) => None,
+        head => Some(int(head)?),
+    };
     let removed_ids = array(items.get(6).ok_or_else(|| unexpected(v))?)?
         .iter()
         .map(|id| string(Some(id)))
@@ -134,7 +138,7 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         states,
         seen,
         had_lease,
-        head: u64::try_from(head).ok(),
+        head,
         removed,
         deleted,
     })
@@ -151,9 +155,9 @@ pub(crate) struct Renewal {
     /// One flag per session sent: it had a lease (`false`: it had expired, and its entries
     /// were reaped, or it was never used; its lease starts now).
     pub(crate) had_lease: Vec<bool>,
-    /// The ticket at the head of the queue (`None`: nobody waits). A waiter with a lower
-    /// ticket was granted or removed meanwhile.
-    pub(crate) head: Option<u64>,
+    /// The place of the head of the queue, rounded down (`None`: nobody waits). A waiter with
+    /// a lower place ([`super::queue_place`]) was granted or removed meanwhile.
+    pub(crate) head: Option<i64>,
     /// Entries of the sessions sent that someone else removed since their last renewal, and
     /// why.
     pub(crate) removed: Vec<(String, RemovedBy)>,
@@ -256,6 +260,9 @@ pub(crate) struct Entry {
     pub(crate) label: String,
     #[serde(rename = "t", default)]
     pub(crate) ticket: f64,
+    /// Its priority class (absent: 0).
+    #[serde(rename = "p", default)]
+    pub(crate) priority: u8,
     /// When it joined the queue.
     #[serde(rename = "q", default)]
     pub(crate) queued_at: f64,
