@@ -6,6 +6,9 @@
 #   - libfaketime into .cache/libfaketime/libfaketime.so.1, taken from the `libfaketime` wheel
 #     on PyPI: the clock-step tests preload it into a valkey-server (Redis 7.0.15 hangs under
 #     it: its clock_gettime recursion check fails)
+#   - promtool (Prometheus's rule checker) into .cache/promtool/promtool, taken from Debian's
+#     `prometheus` package without installing it (no service, no user): the monitoring tests
+#     check the shipped alert rules and dashboard queries with it
 #   - cargo-nextest, when missing, except on CI=true (scripts/test.sh falls back to
 #     `cargo test` without it)
 #   - a Python venv in .cache/interop-venv with the Python package (clients/python, the PyO3
@@ -125,6 +128,30 @@ EOF
     log "libfaketime: $faketime"
 }
 
+promtool_dir="$root/.cache/promtool"
+promtool="$promtool_dir/promtool"
+
+install_promtool() {
+    if [ -x "$promtool" ] && "$promtool" --version >/dev/null 2>&1; then
+        log "promtool: $("$promtool" --version 2>&1 | head -n1 | cut -d' ' -f1-3) ($promtool)"
+        return
+    fi
+    local dl
+    dl="$(mktemp -d)"
+    chmod 755 "$dl" # (apt-get download runs as _apt where it can)
+    log "downloading Debian's prometheus package for its promtool"
+    if ! (cd "$dl" && apt-get download prometheus >/dev/null 2>&1); then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        (cd "$dl" && apt-get download prometheus >/dev/null)
+    fi
+    local debs=("$dl"/prometheus_*.deb)
+    dpkg-deb -x "${debs[0]}" "$dl/x"
+    mkdir -p "$promtool_dir"
+    mv -f "$dl/x/usr/bin/promtool" "$promtool"
+    rm -rf "$dl"
+    log "promtool: $("$promtool" --version 2>&1 | head -n1 | cut -d' ' -f1-3) ($promtool)"
+}
+
 install_nextest() {
     if cargo nextest --version >/dev/null 2>&1; then
         log "$(cargo nextest --version 2>/dev/null | head -n1)"
@@ -227,10 +254,11 @@ if [ "$#" -gt 0 ]; then
             redis) install_redis ;;
             valkey) install_valkey ;;
             faketime) install_faketime ;;
+            promtool) install_promtool ;;
             nextest) install_nextest ;;
             interop-python) install_interop_python ;;
             node) install_node ;;
-            *) log "unknown step $step (redis, valkey, faketime, nextest, interop-python, node)"; exit 2 ;;
+            *) log "unknown step $step (redis, valkey, faketime, promtool, nextest, interop-python, node)"; exit 2 ;;
         esac
     done
     exit 0
@@ -239,6 +267,7 @@ fi
 install_redis
 install_valkey
 install_faketime
+install_promtool
 install_nextest
 install_interop_python
 install_node

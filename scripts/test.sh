@@ -34,6 +34,8 @@ run docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-fe
 
 # Valkey is installed above: a missing one must fail the tests, not skip half of them.
 export REDSEM_REQUIRE_VALKEY=1
+# ...and so is promtool: the monitoring tests must check the alert rules with it.
+export REDSEM_REQUIRE_PROMTOOL=1
 # ...and the Python/Rust interoperability tests must run, not skip.
 export REDSEM_REQUIRE_INTEROP=1
 if cargo nextest --version >/dev/null 2>&1; then

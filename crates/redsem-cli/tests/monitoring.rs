@@ -351,3 +351,80 @@ fn metric_names_are_read_from_promql() {
     assert!(!is_prometheus_duration("5 m"));
     assert!(!is_prometheus_duration("m"));
 }
+
+/// promtool, Prometheus's own checker: `$REDSEM_PROMTOOL`, else the one install-deps puts in
+/// `.cache/promtool`, else one on `PATH`. `None` (the test is skipped, saying so) when there is
+/// none, unless `REDSEM_REQUIRE_PROMTOOL=1` (CI), which makes a missing promtool a failure.
+fn promtool() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("REDSEM_PROMTOOL").map(PathBuf::from),
+        Some(repo_file(".cache/promtool/promtool")),
+        Some(PathBuf::from("promtool")),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("REDSEM_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+            "promtool not found (REDSEM_REQUIRE_PROMTOOL=1): run scripts/install-deps.sh promtool"
+        );
+        eprintln!("promtool not found: skipped (scripts/install-deps.sh promtool installs it)");
+    }
+    found
+}
+
+fn promtool_ok(promtool: &Path, dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new(promtool)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Prometheus's own checker accepts the alert rules, their unit tests
+/// (`docs/monitoring/alerts.test.yml`: each alert fires on the series that should fire it and
+/// not on the others) pass, and every query of the dashboard parses as PromQL (each one is
+/// checked as a recording rule, with the dashboard's `$semaphore` variable filled in).
+#[test]
+fn prometheus_accepts_the_alert_rules_their_tests_and_the_dashboard_queries() {
+    let Some(promtool) = promtool() else { return };
+    let monitoring = repo_file("docs/monitoring");
+    promtool_ok(&promtool, &monitoring, &["check", "rules", "alerts.yml"]);
+    promtool_ok(&promtool, &monitoring, &["test", "rules", "alerts.test.yml"]);
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("docs/monitoring/grafana-dashboard.json")).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(e) = target["expr"].as_str() {
+                exprs.push(e.replace("$semaphore", ".*"));
+            }
+        }
+    }
+    assert!(!exprs.is_empty());
+    let rules = serde_yaml::to_string(&serde_json::json!({
+        "groups": [{
+            "name": "dashboard",
+            "rules": exprs
+                .iter()
+                .enumerate()
+                .map(|(i, e)| serde_json::json!({ "record": format!("redsem:dashboard_query_{i}"), "expr": e }))
+                .collect::<Vec<_>>(),
+        }]
+    }))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dashboard.yml"), rules).unwrap();
+    promtool_ok(&promtool, dir.path(), &["check", "rules", "dashboard.yml"]);
+}
