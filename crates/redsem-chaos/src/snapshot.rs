@@ -11,7 +11,7 @@
 //! | `I <n> <id>` | entry id `<id>` is called `<n>` below |
 //! | `S <sent> <received> <redis_us> <sem> <limit> <entries> <slots>` | one semaphore at Redis time `<redis_us>` |
 //!
-//! `<entries>` is `-` or `;`-separated `<n>:<exp_ms>:<queue rank>:<permits>:<granted_ms>:<ticket>:<slots>:<fences>`
+//! `<entries>` is `-` or `;`-separated `<n>:<exp_ms>:<queue rank>:<permits>:<granted_ms>:<ticket>:<slots>:<fences>:<priority>`
 //! (`-1` for a missing field, slots `a,b` or `-`, fences (generations, same order) likewise); an entry is every id found in the lease
 //! set, the queue or the records. `<slots>` is `-` or `;`-separated `<slot>=<n>` (the slot
 //! table). `<sent>`/`<received>` (runner clock) tell which Redis incarnation answered.
@@ -59,16 +59,18 @@ for i = 1, #KEYS, 6 do
   for _, id in ipairs(redis.call('HKEYS', meta)) do rec(id) end
   local lines = {}
   for _, r in ipairs(recs) do
-    local n, a, tk, s, fs = -1, -1, -1, '-', '-'
+    local n, a, tk, s, fs, p = -1, -1, -1, '-', '-', 0
     local raw = redis.call('HGET', meta, r.id)
     if raw then
       local m = cjson.decode(raw)
-      -- the session the record names (the index may have lost it)
-      local sid = m.c .. '~' .. string.format('%d', m.s and m.l or m.w)
+      -- the session the record names (the index may have lost it): a detached holder's is
+      -- its own ('o'), else its client's
+      local sid = (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
       if sess[sid] then r.e = sess[sid] end
       n = m.n or -1
       a = m.a or -1
       tk = m.t or -1
+      p = m.p or 0
       if m.s then
         local parts = {}
         for k, v in ipairs(m.s) do parts[k] = string.format('%d', v) end
@@ -76,7 +78,7 @@ for i = 1, #KEYS, 6 do
       end
       if m.f and #m.f > 0 then fs = table.concat(m.f, ',') end
     end
-    lines[#lines + 1] = string.format('%s %d %d %d %d %d %s %s', r.id, r.e, r.q, n, a, tk, s, fs)
+    lines[#lines + 1] = string.format('%s %d %d %d %d %d %s %s %d', r.id, r.e, r.q, n, a, tk, s, fs, p)
   end
   local sl = redis.call('HGETALL', slots)
   local sls = {}
@@ -202,13 +204,13 @@ fn record(
         let mut entries = Vec::new();
         for line in entries_raw.lines() {
             let f: Vec<&str> = line.split(' ').collect();
-            if f.len() != 8 {
+            if f.len() != 9 {
                 continue;
             }
             let n = intern(f[0]);
             entries.push(format!(
-                "{n}:{}:{}:{}:{}:{}:{}:{}",
-                f[1], f[2], f[3], f[4], f[5], f[6], f[7]
+                "{n}:{}:{}:{}:{}:{}:{}:{}:{}",
+                f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]
             ));
         }
         let mut slots = Vec::new();

@@ -336,6 +336,9 @@ async fn task(ctx: Arc<Ctx>, t: u32) {
             Mode::Try
         };
         let use_run = rng.f64() < 0.6;
+        // a quarter of the acquisitions carry a priority class (the checker's `fifo` orders
+        // grants by place, which the class moves)
+        let priority = if rng.f64() < 0.25 { rng.u8(1..=3) } else { 0 };
         let mode_name = match mode {
             Mode::Wait => "wait".to_owned(),
             Mode::Timeout(d) => format!("timeout:{}", d.as_millis()),
@@ -349,13 +352,12 @@ async fn task(ctx: Arc<Ctx>, t: u32) {
         res.send(&format!("B {op} {si}")).await;
         let begin = now_us();
         let sem = &ctx.sems[si];
-        let acquire = async {
-            match mode {
-                Mode::Wait => sem.acquire_many(n).await,
-                Mode::Timeout(d) => sem.acquire_many_timeout(n, d).await,
-                Mode::Try => sem.try_acquire_many(n).await,
-            }
-        };
+        let options = redsem::AcquireOptions::new().permits(n).priority(priority);
+        let acquire = sem.acquire_with(match mode {
+            Mode::Wait => options,
+            Mode::Timeout(d) => options.timeout(d),
+            Mode::Try => options.try_only(true),
+        });
         let acquired = tokio::select! {
             _ = ctx.stop.cancelled() => {
                 ctx.log.line(&format!("fail {} {op} stopped", now_us()));

@@ -888,6 +888,9 @@ enum Order {
     /// `queue` lost, and FIFO kept: `bbbb.0-y` is granted at 1100 ms, `aaaa.0-z` queues at
     /// 1120 ms with ticket 3 and is granted at 1300 ms.
     Kept,
+    /// As `Overtaken`, but `aaaa.0-z` asked for priority class 1: its place (ticket 3 less
+    /// 1000.0625) is ahead of `bbbb.0-y`'s (ticket 2), so it is served first by right.
+    HigherClass,
 }
 
 fn check_order(order: Order) -> checker::Report {
@@ -896,7 +899,7 @@ fn check_order(order: Order) -> checker::Report {
     let t = |ms: i64| T0 + ms * MS;
     // (grant of bbbb.0-y, queued / granted / done of aaaa.0-z, its ticket)
     let (g1, z_queued, z_granted, z_done, z_ticket) = match order {
-        Order::Overtaken => (1400, 1150, 1150, 1350, 3),
+        Order::Overtaken | Order::HigherClass => (1400, 1150, 1150, 1350, 3),
         Order::TicketRestart => (1300, 1040, 1100, 1300, 1),
         Order::Kept => (1100, 1120, 1300, 1500, 3),
     };
@@ -946,10 +949,16 @@ fn check_order(order: Order) -> checker::Report {
             entries.push(holder(1, renewed, t(g1) / MS, 2));
             slots.push("0=1".to_owned());
         }
+        // (snapshot.rs's 9th field: the priority class)
+        let class = if order == Order::HigherClass {
+            ":1"
+        } else {
+            ""
+        };
         if (z_queued..z_granted).contains(&ms) {
-            entries.push(waiter(2, renewed, z_ticket));
+            entries.push(waiter(2, renewed, z_ticket) + class);
         } else if (z_granted..z_done).contains(&ms) {
-            entries.push(holder(2, renewed, t(z_granted) / MS, z_ticket));
+            entries.push(holder(2, renewed, t(z_granted) / MS, z_ticket) + class);
             slots.push("0=2".to_owned());
         }
         snaps.push(snapshot(now, now, entries, slots));
@@ -971,6 +980,14 @@ fn a_newcomer_granted_before_an_older_waiter_after_a_queue_loss_breaks_fifo() {
 #[test]
 fn a_ticket_issued_below_a_live_waiters_after_cfg_and_queue_are_lost_breaks_fifo() {
     assert_violated(&check_order(Order::TicketRestart), "fifo");
+}
+
+/// A higher priority class served before an older waiter of a lower class, within the aging
+/// bound, is no violation: grants follow places (ticket less 1000.0625 per class).
+#[test]
+fn a_higher_class_granted_before_an_older_waiter_keeps_fifo() {
+    let r = check_order(Order::HigherClass);
+    assert!(!r.violation_counts.contains_key("fifo"), "{}", r.text());
 }
 
 /// Grants in ticket order across the loss are no violation.

@@ -400,7 +400,11 @@ fn prometheus_accepts_the_alert_rules_their_tests_and_the_dashboard_queries() {
     let Some(promtool) = promtool() else { return };
     let monitoring = repo_file("docs/monitoring");
     promtool_ok(&promtool, &monitoring, &["check", "rules", "alerts.yml"]);
-    promtool_ok(&promtool, &monitoring, &["test", "rules", "alerts.test.yml"]);
+    promtool_ok(
+        &promtool,
+        &monitoring,
+        &["test", "rules", "alerts.test.yml"],
+    );
 
     let dashboard: serde_json::Value =
         serde_json::from_str(&read("docs/monitoring/grafana-dashboard.json")).unwrap();

@@ -94,7 +94,9 @@ enum Reply {
         limit: u32,
     },
     Removed(u64),
-    States(Vec<i64>, Option<i64>),
+    /// A renewal: the states, the head's place (rounded down) and the highest ticket granted
+    /// in each priority class.
+    States(Vec<i64>, Option<i64>, Vec<i64>),
     Batch(Vec<Reply>),
     Limit(u32),
 }
@@ -109,6 +111,8 @@ struct Model {
     fence: BTreeMap<u32, u64>,
     expired: BTreeSet<String>,
     notices: [Vec<String>; 2],
+    /// The highest ticket granted in each priority class.
+    served: [u64; 10],
 }
 
 impl Model {
@@ -122,6 +126,7 @@ impl Model {
             fence: BTreeMap::new(),
             expired: BTreeSet::new(),
             notices: [vec![], vec![]],
+            served: [0; 10],
         }
     }
     fn place_of(&self, id: &str) -> f64 {
@@ -169,6 +174,8 @@ impl Model {
         let e = self.entries.get_mut(id).unwrap();
         e.slots = slots;
         e.fences = fences;
+        let served = &mut self.served[usize::from(e.priority)];
+        *served = (*served).max(e.ticket);
         self.queue.retain(|q| q != id);
     }
     /// FIFO grants; returns (id, granted?) for each grant or rejection made.
@@ -589,6 +596,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                         Value::Int(h) => Some(*h),
                         other => panic!("head {other:?}"),
                     },
+                    ints(&a[9]),
                 );
                 model.settle();
                 let state = match model.entries.get(&id) {
@@ -596,7 +604,8 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                     Some(e) if e.slots.is_empty() => 0,
                     Some(_) => 1,
                 };
-                (Reply::States(vec![state], model.head_place()), got)
+                let served = model.served.iter().map(|&t| t as i64).collect();
+                (Reply::States(vec![state], model.head_place(), served), got)
             }
             Op::Resize { limit } => {
                 let got = Reply::Limit(

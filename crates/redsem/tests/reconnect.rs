@@ -185,6 +185,59 @@ async fn no_waiter_waits_longer_than_the_fallback_interval_for_a_lost_notificati
     }
 }
 
+/// A grant whose notification is lost is found by the fallback poll also when, right after
+/// it, a request of a higher priority class queued ahead of every waiter: the head of the
+/// queue is then below the granted waiter's place, and only the highest ticket granted in its
+/// class (the renewal's `served`) tells its client to look.
+#[tokio::test]
+async fn a_lost_notification_is_found_although_a_higher_class_queued_ahead() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let client = client_at(&proxy.url()).await;
+        let other = client_at(&server.url()).await;
+        let fallback = Duration::from_millis(700);
+        let (held, waiter) = waiting(&client, &other, &server, "lost-prio", fallback).await;
+        proxy.refuse_new(true);
+        assert!(
+            server
+                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .as_int()
+                .unwrap()
+                >= 1
+        );
+        let urgent = rarely_polled(&other, "lost-prio", fallback)
+            .open()
+            .await
+            .unwrap();
+        let released = Instant::now();
+        held.release().await.unwrap();
+        // granted in Redis (unnotified); now a class-5 request queues at the head
+        let ahead = tokio::spawn(async move {
+            urgent
+                .acquire_with(redsem::AcquireOptions::new().priority(5))
+                .await
+                .unwrap()
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || card(
+                &server,
+                "lost-prio",
+                "queue"
+            ) == 1)
+            .await
+        );
+        let p = tokio::time::timeout(fallback * 6, waiter)
+            .await
+            .expect("the waiter hung: its lost grant was not looked for")
+            .unwrap();
+        let waited = released.elapsed();
+        assert!(waited < fallback * 4, "{}: {waited:?}", server.flavor());
+        proxy.refuse_new(false);
+        drop(p);
+        drop(ahead.await.unwrap());
+    }
+}
+
 #[tokio::test]
 async fn a_holder_survives_an_outage_shorter_than_its_lease_and_not_a_longer_one() {
     for server in servers() {

@@ -7,10 +7,12 @@
 //!   every live waiter's of the previous snapshot of its semaphore (those reached Redis
 //!   before it). After `cfg` and `queue` were lost together, a counter that restarted below
 //!   the live tickets breaks this.
-//! - **Grant order**: no holder is granted while a live waiter with a lower ticket, queued
-//!   before that grant, stays waiting (strict FIFO: nobody overtakes, not even a smaller
-//!   request). After `queue` was lost, a newcomer granted at once, or a pump that trusted the
-//!   empty queue, breaks this.
+//! - **Grant order**: no holder is granted while a live waiter with a lower place (its ticket,
+//!   less 1000 and a sixteenth per priority class: docs/PROTOCOL.md, "Priority classes"),
+//!   queued before that grant, stays waiting (strict FIFO within a class: nobody overtakes,
+//!   not even a smaller request; a higher class only within the aging bound). After `queue`
+//!   was lost, a newcomer granted at once, a pump that trusted the empty queue, or a queue
+//!   rebuilt at the tickets instead of the places, breaks this.
 //!
 //! A waiter counts while its lease is valid and its record is there (an entry whose record
 //! was lost with `meta` has no ticket: it queues again under a new id, at the back). Tickets
@@ -92,21 +94,24 @@ impl Fifo {
                 let Some(&(_, since)) = seen.waiting.get(&w.id) else {
                     continue;
                 };
-                if w.ticket < h.ticket
+                if w.place() < h.place()
                     && since < h.granted_ms * 1000
                     && seen.reported.insert((h.id, w.id))
                 {
                     r.violation(
                         "fifo",
                         format!(
-                            "{}: {} (ticket {}) was granted at {} while {} (ticket {}, waiting \
-                             since {} at the latest) was still waiting at {}",
+                            "{}: {} (ticket {}, priority {}) was granted at {} while {} (ticket \
+                             {}, priority {}, waiting since {} at the latest) was still waiting \
+                             at {}",
                             s.name,
                             ids.name(h.id),
                             h.ticket,
+                            h.priority,
                             ms_fmt(h.granted_ms * 1000),
                             ids.name(w.id),
                             w.ticket,
+                            w.priority,
                             ms_fmt(since),
                             ms_fmt(s.now)
                         ),

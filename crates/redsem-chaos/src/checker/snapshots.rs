@@ -32,11 +32,23 @@ pub(super) struct Entry {
     pub(super) slots: Vec<u32>,
     /// Their generations (same order; empty for a waiter).
     pub(super) fences: Vec<u64>,
+    /// Its priority class (0 when none, or its record is gone).
+    pub(super) priority: u8,
+}
+
+impl Entry {
+    /// Its place in the queue, which orders grants (docs/PROTOCOL.md, "Priority classes";
+    /// the ticket itself without a priority). Computed here from the protocol's rule, not
+    /// read from the queue: the checker tests that Redis follows the rule.
+    pub(super) fn place(&self) -> f64 {
+        self.ticket as f64 - f64::from(self.priority) * 1000.0625
+    }
 }
 
 fn parse_entry(s: &str) -> Option<Entry> {
     let f: Vec<&str> = s.split(':').collect();
-    if f.len() != 8 {
+    // (a log written before priority classes has 8 fields: every entry in class 0)
+    if f.len() != 8 && f.len() != 9 {
         return None;
     }
     Some(Entry {
@@ -56,6 +68,7 @@ fn parse_entry(s: &str) -> Option<Entry> {
         } else {
             f[7].split(',').filter_map(|x| x.parse().ok()).collect()
         },
+        priority: f.get(8).map_or(Some(0), |p| p.parse().ok())?,
     })
 }
 

@@ -29,9 +29,9 @@ use super::batch::{self, Custom};
 use super::handle::Handle;
 use super::held::Held;
 use super::lease::{LeaseState, deadline_after};
-use super::table::{Outcome, Waiter};
+use super::table::{Outcome, Queued, Waiter};
 use crate::error::{BackendError, Error, NoPermitsReason};
-use crate::scripts::{self, AcquireReply};
+use crate::scripts::AcquireReply;
 
 /// What one acquisition asks for (validated by the public layer).
 pub(crate) struct Ask {
@@ -219,7 +219,7 @@ impl Handle {
                         tracing::debug!(ticket, "waiting in the queue");
                         self.table
                             .lock()
-                            .waiter_queued(&pending.id, scripts::queue_place(ticket, priority));
+                            .waiter_queued(&pending.id, Queued { ticket, priority });
                         self.heartbeat.lease_expires_in(next_expiry_ms)
                     }
                     AcquireReply::NoCapacity { queued_first } => {

@@ -87,6 +87,10 @@ pub(crate) struct Schedule {
     /// The place of the head of the queue at the last renewal: a waiter with a lower place
     /// was granted or removed meanwhile, and is checked (infinity: nobody was waiting).
     doubt_below: f64,
+    /// The highest ticket granted in each priority class at the last renewal: a waiter of
+    /// that class with a ticket at or below it was granted or removed meanwhile, and is
+    /// checked (a higher class queued ahead of it hides that from the head).
+    served: Vec<u64>,
 }
 
 impl Schedule {
@@ -99,6 +103,7 @@ impl Schedule {
             waiters_checked_at: Instant::now(),
             check_all: false,
             doubt_below: f64::NEG_INFINITY,
+            served: Vec::new(),
         }
     }
 
@@ -335,15 +340,20 @@ async fn beat(hb: &Heartbeat) {
 
 /// The local waiters (with confirmed tickets) that a check in Redis must look at, except
 /// those in `checked`: all of them after a reconnect or when their session had lost its
-/// lease, else those whose place is below the head of the queue (granted or removed while
-/// their notification was lost). Takes the "all" flag.
+/// lease, else those whose place is below the head of the queue or whose ticket is at or
+/// below the highest granted in their priority class (granted or removed while their
+/// notification was lost). Takes the "all" flag.
 fn in_doubt(hb: &Heartbeat, checked: &HashSet<Arc<str>>) -> Vec<Arc<str>> {
     let waiters = hb.table.lock().queued_waiters();
     let mut schedule = hb.schedule.lock().unwrap();
     let all = std::mem::take(&mut schedule.check_all);
     waiters
         .into_iter()
-        .filter(|(id, place)| (all || *place < schedule.doubt_below) && !checked.contains(id))
+        .filter(|(id, q)| {
+            let served = schedule.served.get(usize::from(q.priority)).copied();
+            (all || q.place() < schedule.doubt_below || served.is_some_and(|s| q.ticket <= s))
+                && !checked.contains(id)
+        })
         .map(|(id, _)| id)
         .collect()
 }
@@ -449,6 +459,7 @@ async fn renew_call(
                     schedule.failed(now, &hb.timing);
                 }
                 schedule.doubt_below = renewal.head.map_or(f64::INFINITY, |h| h as f64);
+                schedule.served = renewal.served;
                 if !sessions.is_empty() && !waiters_kept {
                     // the waiters' session had expired: they may have been reaped
                     schedule.check_all = true;

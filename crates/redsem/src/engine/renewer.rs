@@ -296,6 +296,7 @@ mod tests {
             seen: None,
             had_lease: Vec::new(),
             head: None,
+            served: Vec::new(),
             removed: Vec::new(),
             deleted: false,
         }

@@ -35,13 +35,27 @@ pub(crate) enum Outcome {
     Refused(String),
 }
 
+/// Where a waiter is queued in Redis.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queued {
+    pub(crate) ticket: u64,
+    pub(crate) priority: u8,
+}
+
+impl Queued {
+    /// Its place in the queue ([`queue_place`](crate::scripts::queue_place)).
+    pub(crate) fn place(self) -> f64 {
+        crate::scripts::queue_place(self.ticket, self.priority)
+    }
+}
+
 /// One pending acquire.
 pub(crate) struct Waiter {
     tx: oneshot::Sender<Outcome>,
-    /// Its place in the queue ([`queue_place`](crate::scripts::queue_place) of the ticket
-    /// Redis confirmed: the acquire call returned "queued"). Until then the heartbeat never
-    /// checks it: a check that overtook the acquire would find it missing.
-    place: Option<f64>,
+    /// The ticket Redis confirmed (the acquire call returned "queued"), with its priority
+    /// class. Until then the heartbeat never checks it: a check that overtook the acquire
+    /// would find it missing.
+    queued: Option<Queued>,
     /// Counts this waiter in `redsem_client_waiters` while it lives (feature `metrics`).
     _gauge: crate::metrics::WaiterGauge,
 }
@@ -51,7 +65,7 @@ impl Waiter {
     pub(crate) fn new(tx: oneshot::Sender<Outcome>, name: &str) -> Waiter {
         Waiter {
             tx,
-            place: None,
+            queued: None,
             _gauge: crate::metrics::WaiterGauge::new(name),
         }
     }
@@ -82,12 +96,12 @@ pub(crate) struct Entries {
 }
 
 impl Entries {
-    /// The waiters whose ticket Redis confirmed (only those can be checked), with their
-    /// places in the queue.
-    pub(crate) fn queued_waiters(&self) -> Vec<(Arc<str>, f64)> {
+    /// The waiters whose ticket Redis confirmed (only those can be checked), with where they
+    /// are queued.
+    pub(crate) fn queued_waiters(&self) -> Vec<(Arc<str>, Queued)> {
         self.waiters
             .iter()
-            .filter_map(|(id, w)| w.place.map(|p| (id.clone(), p)))
+            .filter_map(|(id, w)| w.queued.map(|q| (id.clone(), q)))
             .collect()
     }
 
@@ -110,11 +124,10 @@ impl Entries {
         }
     }
 
-    /// Redis confirmed the ticket of waiter `id`, queued at `place`: the heartbeat may check
-    /// it from now on.
-    pub(crate) fn waiter_queued(&mut self, id: &str, place: f64) {
+    /// Redis confirmed the ticket of waiter `id`: the heartbeat may check it from now on.
+    pub(crate) fn waiter_queued(&mut self, id: &str, queued: Queued) {
         if let Some(w) = self.waiters.get_mut(id) {
-            w.place = Some(place);
+            w.queued = Some(queued);
         }
     }
 

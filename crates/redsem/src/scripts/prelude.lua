@@ -2,7 +2,8 @@
 --
 -- KEYS (all under one hash tag, see keys.rs):
 --   1 cfg    hash  limit, ver, seq (last ticket), gen (last fence generation), grants, expired,
---                  repairs, qlen (the number of members of queue: its loss is detected by it)
+--                  repairs, qlen (the number of members of queue: its loss is detected by it),
+--                  s0..s9 (the highest ticket granted in each priority class: see SERVED)
 --   2 queue  zset  waiting tickets: member = id, score = the waiter's place (score_of: its ticket,
 --                  less AGING per priority class; the ticket itself without a priority)
 --   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME); '#'
@@ -206,16 +207,28 @@ local function next_generation()
   return string.format('%.0f', GEN)
 end
 
+-- The highest ticket granted in each priority class by this call (class -> ticket), written
+-- to cfg's fields s0..s9 by finish(). Within a class grants follow tickets, so a waiter whose
+-- ticket is at or below its class's was granted or removed: renew.lua reports them, and a
+-- client checks such waiters of its own (a lost notification). Unlike the head of the queue,
+-- this stays true when a higher class queues ahead of waiters already granted.
+local SERVED = nil
+
 local function finish()
   if CFG_DIRTY then
-    if EXPIRED + REPAIRS == 0 then
-      redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
-        'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN))
-    else
-      redis.call('HSET', K_CFG, 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
-        'grants', string.format('%d', GRANTS), 'expired', string.format('%d', EXPIRED),
-        'repairs', string.format('%d', REPAIRS), 'qlen', string.format('%d', QLEN))
+    local args = { 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
+      'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN) }
+    if EXPIRED + REPAIRS ~= 0 then
+      args[9] = 'expired'; args[10] = string.format('%d', EXPIRED)
+      args[11] = 'repairs'; args[12] = string.format('%d', REPAIRS)
     end
+    if SERVED then -- (a grant made CFG_DIRTY)
+      for c, t in pairs(SERVED) do
+        args[#args + 1] = 's' .. c; args[#args + 1] = string.format('%d', t)
+      end
+      SERVED = nil
+    end
+    redis.call('HSET', K_CFG, unpack(args))
     CFG_DIRTY = false
   end
 end
@@ -663,6 +676,9 @@ local function grant(id, m, now, fresh, limit)
     write_entry(id, m, map)
   end
   GRANTS = GRANTS + 1
+  local c = m.p or 0
+  SERVED = SERVED or {}
+  if not SERVED[c] or m.t > SERVED[c] then SERVED[c] = m.t end
   return true
 end
 

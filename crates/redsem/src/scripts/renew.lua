@@ -6,7 +6,7 @@
 -- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
 --   ms), then the ids of entries to check (the client's holders, and those of its waiters it
 --   has reason to doubt; see docs/PROTOCOL.md)
--- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted}
+-- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted, served}
 --        states: one per id, in order:
 --          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --          {0}                still queued
@@ -24,6 +24,8 @@
 --          was rejected: it asked for more permits than the limit (after a shrink)
 --        deleted: 1 when delete.lua removed the semaphore (every state is then {-1}, every
 --          session flag 0, and nothing is written: the semaphore is not re-created), else 0
+--        served: the highest ticket granted in each priority class 0..9 (0: none), from cfg's
+--          s0..s9: a waiter whose ticket is at or below its class's was granted or removed
 local now = now_ms()
 ONLY_EXISTING = true
 local limit = load_limit()
@@ -32,7 +34,7 @@ if not limit then
   local states, sessions = {}, {}
   for i = 5 + 2 * k, #A do states[#states + 1] = { -1 } end
   for j = 1, k do sessions[j] = 0 end
-  return { -1, states, 0, tonumber(A[1]), sessions, false, {}, {}, 1 }
+  return { -1, states, 0, tonumber(A[1]), sessions, false, {}, {}, 1, {} }
 end
 settle(now, limit, false)
 local sessions, removed, why = {}, {}, {}
@@ -82,5 +84,7 @@ end
 if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
+local served = redis.call('HMGET', K_CFG, 's0', 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', 's9')
+for c = 1, 10 do served[c] = tonumber(served[c] or '0') end
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0 }
+  #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0, served }

@@ -29,6 +29,7 @@ local function use_semaphore(offset, args)
   CREATED = false
   SEQ, GEN, GRANTS, EXPIRED, REPAIRS, QLEN = 0, 0, 0, 0, 0, 0
   CFG_DIRTY = false
+  SERVED = nil
   ONLY_EXISTING = false
 end
 

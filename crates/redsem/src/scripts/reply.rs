@@ -133,12 +133,21 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         .collect();
     // (a trailing element: absent from the replies of scripts before it)
     let deleted = matches!(items.get(8), Some(Value::Int(1)));
+    // the highest ticket granted per priority class (a trailing element, added with them)
+    let served = match items.get(9) {
+        Some(s) => array(s)?
+            .iter()
+            .map(|t| int(Some(t)).map(|t| u64::try_from(t).unwrap_or(0)))
+            .collect::<CallResult<Vec<_>>>()?,
+        None => Vec::new(),
+    };
     Ok(Renewal {
         next_expiry: next,
         states,
         seen,
         had_lease,
         head,
+        served,
         removed,
         deleted,
     })
@@ -158,6 +167,11 @@ pub(crate) struct Renewal {
     /// The place of the head of the queue, rounded down (`None`: nobody waits). A waiter with
     /// a lower place ([`super::queue_place`]) was granted or removed meanwhile.
     pub(crate) head: Option<i64>,
+    /// The highest ticket granted in each priority class (index = class; missing: none).
+    /// Within a class grants follow tickets: a waiter of class `c` whose ticket is at or
+    /// below `served[c]` was granted or removed meanwhile, also when a higher class queued
+    /// ahead of it (which the head alone does not show).
+    pub(crate) served: Vec<u64>,
     /// Entries of the sessions sent that someone else removed since their last renewal, and
     /// why.
     pub(crate) removed: Vec<(String, RemovedBy)>,
