@@ -490,6 +490,7 @@ async fn renew_call(
                     EntryState::Held(_) if replicated => lease.renewed(sent, now),
                     EntryState::Held(_) => {}
                     EntryState::Gone | EntryState::Waiting => lose(hb, id, lease, gone),
+                    EntryState::Moved => lose(hb, id, lease, LostReason::HandedOff),
                 }
             }
             for (id, state) in waiters.iter().zip(w_states) {
@@ -497,7 +498,7 @@ async fn renew_call(
                     EntryState::Held(grant) => hb
                         .table
                         .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
-                    EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
+                    EntryState::Gone | EntryState::Moved => hb.table.deliver(id, Outcome::Lost),
                     EntryState::Waiting => {}
                 }
             }

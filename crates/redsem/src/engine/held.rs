@@ -130,17 +130,23 @@ impl Held {
         let sent = Instant::now();
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
-        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64).await {
+        let owner = scripts::Owner::Is(&self.handle.channel_id);
+        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64, owner).await
+        {
             Ok(EntryState::Held(g)) if self.lease.is_same_grant(&g) => {
                 self.lease.set_len(len, sent);
                 tracing::debug!(semaphore = %self.name(), holder = %self.id, ?old, new = ?len, "lease changed");
                 Ok(())
             }
-            Ok(_) => {
+            Ok(state) => {
+                let reason = match state {
+                    EntryState::Moved => LostReason::HandedOff,
+                    _ => LostReason::NotHolder,
+                };
                 self.handle
                     .heartbeat
-                    .lose_holder(&self.id, &self.lease, LostReason::NotHolder);
-                Err(Error::lease_lost(self.name(), LostReason::NotHolder))
+                    .lose_holder(&self.id, &self.lease, reason);
+                Err(Error::lease_lost(self.name(), reason))
             }
             Err(e) => Err(Error::from_call(e, self.handle.name())),
         }
@@ -168,6 +174,38 @@ impl Held {
                 Ok(())
             }
             // `released` unset: dropping `self` retries in the background
+            Err(e) => Err(Error::from_call(e, self.handle.name())),
+        }
+    }
+
+    /// Exports the entry for a hand-off (one round trip): stops renewing it and detaches it
+    /// in Redis now, so that it leaves this handle's session for one of its own that nobody
+    /// renews, with the lease it has, until another handle adopts it
+    /// ([`Handle::adopt`](super::Handle::adopt)). Awaited, not in the background: a detach
+    /// that landed after an adoption would take the entry from its adopter.
+    ///
+    /// On error, or if this future is dropped, no token was handed out: [`Drop`] releases
+    /// the entry in the background (after a detach that landed, that frees the slot sooner).
+    pub(crate) async fn export(mut self) -> Result<(), Error> {
+        if self.is_lost() {
+            let reason = self.lease.lost_reason().unwrap_or(LostReason::Unreachable);
+            return Err(Error::lease_lost(self.name(), reason));
+        }
+        self.handle.table.forget_holder(&self.id);
+        let mut conn = self.handle.ctx.conn.clone();
+        let target = self.handle.remote.target();
+        let ids = [self.id.as_str()];
+        let detach = scripts::Removal {
+            detach: &ids,
+            ..scripts::Removal::default()
+        };
+        match scripts::release(&mut conn, &target, &detach, false).await {
+            Ok(_) => {
+                tracing::debug!(semaphore = %self.name(), holder = %self.id,
+                    ticket = self.grant.ticket, "exported for a hand-off: detached");
+                self.released = true;
+                Ok(())
+            }
             Err(e) => Err(Error::from_call(e, self.handle.name())),
         }
     }
