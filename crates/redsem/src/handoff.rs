@@ -108,7 +108,12 @@ impl fmt::Display for HandoffToken {
             self.ticket,
             self.lease.as_millis(),
             join(self.fences.iter().map(|x| x.slot.to_string()).collect()),
-            join(self.fences.iter().map(|x| x.generation.to_string()).collect()),
+            join(
+                self.fences
+                    .iter()
+                    .map(|x| x.generation.to_string())
+                    .collect()
+            ),
             self.semaphore
         )
     }
@@ -148,7 +153,9 @@ impl FromStr for HandoffToken {
         if !id_ok {
             return Err(bad("the holder id has characters an id may not have"));
         }
-        let ticket = ticket.parse().map_err(|_| bad("the ticket is not a number"))?;
+        let ticket = ticket
+            .parse()
+            .map_err(|_| bad("the ticket is not a number"))?;
         let lease_ms: u64 = lease_ms
             .parse()
             .map_err(|_| bad("the lease is not a number of milliseconds"))?;

@@ -547,8 +547,11 @@ fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
     tracing::warn!(semaphore = %hb.name(), holder = id, ticket, ?slots, %reason, "lease lost");
     crate::metrics::lease_lost(hb.name(), reason);
     lease.lose(reason);
-    // Whatever is left of the entry in Redis is removed (idempotent).
-    hb.table.release_in_background(id.to_owned());
+    // Whatever is left of the entry in Redis is removed (idempotent); not an entry another
+    // handle adopted, which is that handle's now.
+    if reason != LostReason::HandedOff {
+        hb.table.release_in_background(id.to_owned());
+    }
 }
 
 #[cfg(test)]

@@ -162,6 +162,10 @@ impl Held {
     /// is going either way.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         self.handle.table.forget_holder(&self.id);
+        if self.handed_off() {
+            self.released = true; // another handle's now: not released
+            return Ok(());
+        }
         let Some(result) = self.handle.releases.release(self.id.clone()).await else {
             // never sent (the runtime is shutting down): `Drop` tries the releaser
             return Err(Error::closed(self.handle.name()));
@@ -210,10 +214,19 @@ impl Held {
         }
     }
 
+    /// Lost because another handle adopted the entry: it is that handle's now, and must not
+    /// be released or detached from here.
+    fn handed_off(&self) -> bool {
+        self.lease.lost_reason() == Some(LostReason::HandedOff)
+    }
+
     /// Stops renewing and does not release: the entry leaves the handle's session (in the
     /// background: one call, batched with releases) for one nobody renews, and expires with
     /// the lease it has then.
     pub(crate) fn detach(mut self) {
+        if self.handed_off() {
+            return; // another handle's now
+        }
         tracing::debug!(semaphore = %self.name(), holder = %self.id,
             ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
         self.released = true;
@@ -226,7 +239,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || self.handed_off() {
             return;
         }
         tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,
