@@ -1,12 +1,12 @@
-//! [`HandoffToken`]: a held permit exported by one process for another to adopt or release
-//! (see [`Permit::export`](crate::Permit::export)).
+//! [`HandoffToken`]: a held permit exported by one process for another to adopt or release,
+//! and [`Permit::export`], which makes it.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::permit::Fence;
+use crate::permit::{Fence, Permit};
 
 /// The version tag every token starts with.
 const PREFIX: &str = "redsem-handoff-1:";
@@ -175,6 +175,47 @@ impl FromStr for HandoffToken {
             .map(|(slot, generation)| Fence { slot, generation })
             .collect();
         Ok(HandoffToken::new(name, holder_id, ticket, lease, fences))
+    }
+}
+
+impl Permit {
+    /// Hands this permit to another process (or another semaphore handle): returns a
+    /// [`HandoffToken`] that [`Semaphore::adopt`](crate::Semaphore::adopt) takes over
+    /// (renewing it from then on) or
+    /// [`Semaphore::release_handoff`](crate::Semaphore::release_handoff) releases. The
+    /// permit is consumed without being released: this process stops renewing it, and
+    /// detaches it in Redis (it leaves this handle's session for one nobody renews, keeping
+    /// the lease it has now), so a token nobody adopts frees its slots within one lease.
+    /// The adopter must therefore adopt it within [`lease_left`](Self::lease_left) of the
+    /// export (a longer [`lease`](Self::lease), e.g. through
+    /// [`AcquireOptions::lease`](crate::AcquireOptions::lease) or
+    /// [`set_lease`](Self::set_lease), gives it longer). The slots and fences stay the same.
+    ///
+    /// The token is a printable string (`to_string()`, parsed back with `parse()`), the same
+    /// in Rust, Python and Node.js: see [`HandoffToken`] for its format.
+    ///
+    /// # Cost
+    /// One script call (`release.lua` with the id to detach), awaited: the token exists only
+    /// once Redis no longer counts on this process to renew the entry.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before it completes hands out no token: the permit is released in
+    /// the background, as if dropped.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the permit is already lost; connection and permission
+    /// errors. On error the permit is released in the background (no token was handed out).
+    pub async fn export(self) -> Result<HandoffToken, Error> {
+        let (held, fences) = self.into_parts();
+        let token = HandoffToken::new(
+            held.name(),
+            held.id(),
+            held.grant().ticket,
+            held.lease_len(),
+            fences,
+        );
+        held.export().await?;
+        Ok(token)
     }
 }
 

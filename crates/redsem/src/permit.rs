@@ -9,7 +9,6 @@ use tracing::Instrument;
 
 use crate::engine::Held;
 use crate::error::{Error, LostReason};
-use crate::handoff::HandoffToken;
 
 /// A slot and its fencing token: the generation of that slot, incremented in Redis every time
 /// the slot is granted.
@@ -76,6 +75,11 @@ impl Permit {
             .map(|(&slot, &generation)| Fence { slot, generation })
             .collect();
         Permit { held, fences }
+    }
+
+    /// The entry and its fences (for [`export`](Self::export), in `handoff.rs`).
+    pub(crate) fn into_parts(self) -> (Held, Vec<Fence>) {
+        (self.held, self.fences)
     }
 
     /// The name of the semaphore this permit belongs to.
@@ -249,44 +253,6 @@ impl Permit {
     /// expires if Redis stays unreachable.
     pub async fn release(self) -> Result<(), Error> {
         self.held.release().await
-    }
-
-    /// Hands this permit to another process (or another semaphore handle): returns a
-    /// [`HandoffToken`] that [`Semaphore::adopt`](crate::Semaphore::adopt) takes over
-    /// (renewing it from then on) or
-    /// [`Semaphore::release_handoff`](crate::Semaphore::release_handoff) releases. The
-    /// permit is consumed without being released: this process stops renewing it, and
-    /// detaches it in Redis (it leaves this handle's session for one nobody renews, keeping
-    /// the lease it has now), so a token nobody adopts frees its slots within one lease.
-    /// The adopter must therefore adopt it within [`lease_left`](Self::lease_left) of the
-    /// export (a longer [`lease`](Self::lease), e.g. through
-    /// [`AcquireOptions::lease`](crate::AcquireOptions::lease) or
-    /// [`set_lease`](Self::set_lease), gives it longer). The slots and fences stay the same.
-    ///
-    /// The token is a printable string (`to_string()`, parsed back with `parse()`), the same
-    /// in Rust, Python and Node.js: see [`HandoffToken`] for its format.
-    ///
-    /// # Cost
-    /// One script call (`release.lua` with the id to detach), awaited: the token exists only
-    /// once Redis no longer counts on this process to renew the entry.
-    ///
-    /// # Cancel safety
-    /// Dropping the future before it completes hands out no token: the permit is released in
-    /// the background, as if dropped.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`] when the permit is already lost; connection and permission
-    /// errors. On error the permit is released in the background (no token was handed out).
-    pub async fn export(self) -> Result<HandoffToken, Error> {
-        let token = HandoffToken::new(
-            self.held.name(),
-            self.held.id(),
-            self.ticket(),
-            self.held.lease_len(),
-            self.fences.clone(),
-        );
-        self.held.export().await?;
-        Ok(token)
     }
 
     /// Stops renewing and does not release: the slot frees when the lease expires. For a
