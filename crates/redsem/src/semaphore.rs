@@ -338,8 +338,10 @@ impl Semaphore {
     /// Adopting a token twice (two processes, or twice here) moves the permit each time: the
     /// **last adopter holds it**. An earlier adopter learns it at its next renewal (within
     /// one renewal interval; [`Permit::lost`] resolves with [`LostReason::HandedOff`]) and
-    /// must stop: until then both believe they hold it, which only the fences protect
-    /// against. Hand each token to one adopter.
+    /// must stop: until then both believe they hold it, with the same fences (an adoption
+    /// does not change them), so nothing tells their requests apart. Hand each token to one
+    /// adopter. An earlier adopter that releases the permit before its renewal told it of
+    /// the second adoption releases the last adopter's permit.
     ///
     /// # Cost
     /// One script call (`lease.lua` in adopt mode); in synced mode, one more to confirm it
