@@ -173,6 +173,10 @@ async fn a_token_of_another_semaphore_is_refused() {
     // nothing changed: the right semaphore still adopts it (here, the exporting handle)
     let permit = one.adopt(&token).await.unwrap();
     assert_eq!(permit.holder_id(), token.holder_id());
+    // twice in one handle: refused (the two permits would release each other's entry)
+    let e = one.adopt(&token).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(!permit.is_lost());
     let e = "redsem-handoff-1:garbage"
         .parse::<HandoffToken>()
         .unwrap_err();

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::handle::Handle;
@@ -36,21 +37,8 @@ impl Handle {
         grant: &Grant,
         len: Duration,
     ) -> Result<Held, Error> {
-        if self.closed.is_cancelled() {
-            return Err(Error::closed(self.name()));
-        }
-        self.timing
-            .check_holder_lease(len)
-            .map_err(Error::InvalidArgument)?;
         let n = grant.slots.len() as u32;
-        let local = match &self.local_cap {
-            None => None,
-            Some((_, sem)) => Some(
-                sem.clone()
-                    .try_acquire_many_owned(n)
-                    .map_err(|_| Error::no_permits(self.name(), NoPermitsReason::LocalCap))?,
-            ),
-        };
+        let local = self.check_adoptable(id, n, len)?;
         // its session is renewed from now on, and by the permit once adopted
         let lease_use = (len != self.timing.lease).then(|| self.table.use_lease(len));
         let mut guard = Unadopted {
@@ -95,6 +83,37 @@ impl Handle {
             return self.confirm_synced(held).await;
         }
         Ok(held)
+    }
+
+    /// The checks before an adoption of `id` (`n` permits, lease `len`) is sent, and this
+    /// process's local cap for it (taken without waiting).
+    fn check_adoptable(
+        &self,
+        id: &str,
+        n: u32,
+        len: Duration,
+    ) -> Result<Option<OwnedSemaphorePermit>, Error> {
+        if self.closed.is_cancelled() {
+            return Err(Error::closed(self.name()));
+        }
+        if self.table.lock().holders.contains_key(id) {
+            // two permits of one entry in one handle would release each other's
+            return Err(Error::InvalidArgument(format!(
+                "this handle of semaphore {:?} already holds {id} (adopted before): use that permit",
+                self.name()
+            )));
+        }
+        self.timing
+            .check_holder_lease(len)
+            .map_err(Error::InvalidArgument)?;
+        match &self.local_cap {
+            None => Ok(None),
+            Some((_, sem)) => sem
+                .clone()
+                .try_acquire_many_owned(n)
+                .map(Some)
+                .map_err(|_| Error::no_permits(self.name(), NoPermitsReason::LocalCap)),
+        }
     }
 
     /// Releases the entry `id` by id (one round trip, a plain `release.lua` call; idempotent):
