@@ -256,3 +256,36 @@ async fn set_lease_on_a_permit_adopted_elsewhere_reports_the_hand_off() {
     second.release().await.unwrap();
     assert_nothing_left(&server, "handoff-set-lease").await;
 }
+
+#[tokio::test]
+async fn a_token_whose_grant_differs_is_refused_and_the_entry_is_not_kept() {
+    let server = Server::start(Flavor::Redis);
+    let lease = Duration::from_secs(1);
+    let (a, b) = (client(&server).await, client(&server).await);
+    let sem_a = open(&a, "handoff-mismatch", 2, lease).await;
+    let sem_b = open(&b, "handoff-mismatch", 2, lease).await;
+    // the adopter's handle keeps renewing its session (same lease) for a permit of its own:
+    // an entry left in that session would never expire
+    let own = sem_b.acquire().await.unwrap();
+    let token = sem_a.acquire().await.unwrap().export().await.unwrap();
+    // the same holder id with another ticket: not the grant Redis has (the script call moved
+    // the entry before the adopter could compare: it must give it up again)
+    let t = token.ticket();
+    let forged: HandoffToken = token
+        .to_string()
+        .replacen(&format!(":{t}:"), &format!(":{}:", t + 1000), 1)
+        .parse()
+        .unwrap();
+    let e = sem_b.adopt(&forged).await.unwrap_err();
+    assert!(matches!(e, Error::HandoffGone { .. }), "{e:?}");
+    let started = tokio::time::Instant::now();
+    let next = sem_a
+        .acquire_timeout(Duration::from_secs(10))
+        .await
+        .expect("the token's slot frees within about a lease");
+    assert!(started.elapsed() < lease * 5, "{:?}", started.elapsed());
+    assert!(!own.is_lost());
+    drop(next);
+    drop(own);
+    assert_nothing_left(&server, "handoff-mismatch").await;
+}
