@@ -180,12 +180,20 @@ export class Semaphore {
   addPermits(delta: number): Promise<Resized>;
   /** An operator's release of a holder or queued ticket by id (see {@link Stats}); whether it existed. */
   forceRelease(holderId: string): Promise<boolean>;
+  /**
+   * Takes over a permit another process exported ({@link Permit.export}'s token, the same string in Rust, Python and Node.js): this handle renews it from now on, with the token's slots, fences, holder id and lease. One script call. Adopted twice, the last adopter holds it; an earlier one finds it lost (`lostReason` `'handedOff'`) at its next renewal.
+   * @throws {HandoffGoneError} the permit is no longer in Redis (its lease ran out before adoption, or it was released): acquire a new one.
+   * @throws {InvalidArgumentError} a token of another semaphore, or text that is not a token.
+   */
+  adopt(token: string): Promise<Permit>;
+  /** Releases the permit of a hand-off token without adopting it (its slots go to the queue at once). Idempotent: whether it was still there. One script call. @throws {InvalidArgumentError} a token of another semaphore. */
+  releaseHandoff(token: string): Promise<boolean>;
   /** Closes this handle in this process: pending and later acquires fail with {@link ClosedError}. Held permits stay valid. */
   close(): void;
 }
 
 /** Why a permit was lost. */
-export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'unknown';
+export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'handedOff' | 'unknown';
 
 /** What a change of the limit did ({@link Semaphore.resize}, {@link Semaphore.addPermits}, {@link Client.resizeExisting}). */
 export interface Resized {
@@ -242,6 +250,11 @@ export class Permit {
   release(): Promise<void>;
   /** Stops renewing without releasing: the slot frees when the lease expires. */
   detach(): void;
+  /**
+   * Hands the permit to another process: resolves with a hand-off token (`redsem-handoff-1:…`, the same string in Rust, Python and Node.js) that {@link Semaphore.adopt} takes over or {@link Semaphore.releaseHandoff} releases. This process stops renewing it and detaches it in Redis (one script call) without releasing it: a token nobody adopts frees its slots within one lease. The permit counts as released here.
+   * @throws {LeaseLostError} already lost. On any error the permit is released in the background and no token exists.
+   */
+  export(): Promise<string>;
   /** {@link release}, for `await using`. */
   [Symbol.asyncDispose](): Promise<void>;
 }
@@ -324,6 +337,8 @@ export class TimeoutError extends RedsemError { readonly timeoutMs: number; }
 export class LeaseLostError extends RedsemError { readonly reason: LostReason; }
 /** `ERR_REDSEM_REMOVED_FROM_QUEUE`: an operator removed this request from the queue before it was granted (cancelled on purpose: do not simply retry). */
 export class RemovedFromQueueError extends RedsemError {}
+/** `ERR_REDSEM_HANDOFF_GONE`: {@link Semaphore.adopt}: the token's permit (`holderId`) is no longer in Redis (its lease ran out before adoption, or it was released); acquire a new one. */
+export class HandoffGoneError extends RedsemError { readonly holderId: string; }
 /** `ERR_REDSEM_CLOSED`: the handle or client was closed. */
 export class ClosedError extends RedsemError {}
 /** `ERR_REDSEM_UNKNOWN_SEMAPHORE`: no such semaphore under the prefix. */

@@ -46,6 +46,7 @@ class NoPermitsError extends RedsemError {}
 class TimeoutError extends RedsemError {}
 class LeaseLostError extends RedsemError {}
 class RemovedFromQueueError extends RedsemError {}
+class HandoffGoneError extends RedsemError {}
 class ClosedError extends RedsemError {}
 class UnknownSemaphoreError extends RedsemError {}
 class InUseError extends RedsemError {}
@@ -68,6 +69,7 @@ const CLASSES = {
   ERR_REDSEM_TIMEOUT: TimeoutError,
   ERR_REDSEM_LEASE_LOST: LeaseLostError,
   ERR_REDSEM_REMOVED_FROM_QUEUE: RemovedFromQueueError,
+  ERR_REDSEM_HANDOFF_GONE: HandoffGoneError,
   ERR_REDSEM_CLOSED: ClosedError,
   ERR_REDSEM_UNKNOWN_SEMAPHORE: UnknownSemaphoreError,
   ERR_REDSEM_IN_USE: InUseError,
@@ -258,6 +260,8 @@ class Semaphore {
   resize(limit) { return call(() => this.#native.resize(limit)); }
   addPermits(delta) { return call(() => this.#native.addPermits(delta)); }
   forceRelease(holderId) { return call(() => this.#native.forceRelease(holderId)); }
+  async adopt(token) { return new Permit(await call(() => this.#native.adopt(String(token)))); }
+  releaseHandoff(token) { return call(() => this.#native.releaseHandoff(String(token))); }
   close() { this.#native.close(); }
 }
 
@@ -315,6 +319,7 @@ class Permit {
   setLease(leaseMs) { return call(() => this.#native.setLease(leaseMs)); }
   release() { return call(() => this.#native.release()); }
   detach() { this.#native.detach(); }
+  export() { return call(() => this.#native.export()); }
   [Symbol.asyncDispose]() { return this.release(); }
 }
 
@@ -353,6 +358,7 @@ module.exports = {
   TimeoutError,
   LeaseLostError,
   RemovedFromQueueError,
+  HandoffGoneError,
   ClosedError,
   UnknownSemaphoreError,
   InUseError,

@@ -78,6 +78,7 @@ fn lost_reason(r: redsem::LostReason) -> &'static str {
         redsem::LostReason::Shutdown => "shutdown",
         redsem::LostReason::Refused => "refused",
         redsem::LostReason::Deleted => "deleted",
+        redsem::LostReason::HandedOff => "handedOff",
         _ => "unknown",
     }
 }
@@ -119,6 +120,9 @@ fn to_js(e: redsem::Error) -> napi::Error {
             JsError::new("ERR_REDSEM_LEASE_LOST", message).str("reason", lost_reason(*reason))
         }
         E::RemovedFromQueue { .. } => JsError::new("ERR_REDSEM_REMOVED_FROM_QUEUE", message),
+        E::HandoffGone { holder_id, .. } => {
+            JsError::new("ERR_REDSEM_HANDOFF_GONE", message).str("holderId", holder_id.clone())
+        }
         E::Closed { .. } => JsError::new("ERR_REDSEM_CLOSED", message),
         E::UnknownSemaphore { prefix, .. } => {
             JsError::new("ERR_REDSEM_UNKNOWN_SEMAPHORE", message).str("prefix", prefix.clone())
@@ -626,6 +630,22 @@ impl Semaphore {
         s.force_release(&holder_id).await.map_err(to_js)
     }
 
+    /// `Semaphore::adopt` of a hand-off token's text.
+    #[napi]
+    pub async fn adopt(&self, token: String) -> Result<Permit> {
+        let token: redsem::HandoffToken = token.parse().map_err(to_js)?;
+        let s = self.inner.clone();
+        s.adopt(&token).await.map(Permit::new).map_err(to_js)
+    }
+
+    /// `Semaphore::release_handoff` of a hand-off token's text.
+    #[napi]
+    pub async fn release_handoff(&self, token: String) -> Result<bool> {
+        let token: redsem::HandoffToken = token.parse().map_err(to_js)?;
+        let s = self.inner.clone();
+        s.release_handoff(&token).await.map_err(to_js)
+    }
+
     #[napi]
     pub fn close(&self) {
         self.inner.close();
@@ -799,6 +819,18 @@ impl Permit {
     pub fn detach(&self) {
         if let Some(p) = self.take() {
             p.detach();
+        }
+    }
+
+    /// `Permit::export`: the hand-off token's text; the permit counts as released here.
+    #[napi]
+    pub async fn export(&self) -> Result<String> {
+        match self.take() {
+            Some(p) => p.export().await.map(|t| t.to_string()).map_err(to_js),
+            None => Err(invalid(format!(
+                "the permit {} of semaphore {:?} was already released, detached or exported",
+                self.holder_id, self.semaphore
+            ))),
         }
     }
 }

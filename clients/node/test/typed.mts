@@ -35,6 +35,15 @@ export async function example(url: string): Promise<number> {
   const now: number = resized.limit;
   const rejected: redsem.RejectedWaiter[] = resized.rejected;
   await sem.forceRelease(stats.holders[0]?.id ?? 'x');
+  const token: string = await (await sem.acquire()).export();
+  const adopted: redsem.Permit = await sem.adopt(token);
+  await adopted.release();
+  const existed: boolean = await sem.releaseHandoff(token);
+  try {
+    await sem.adopt(token);
+  } catch (e) {
+    if (e instanceof redsem.HandoffGoneError) console.log(e.code, e.holderId, existed);
+  }
   const counts: redsem.LocalCounts = sem.localCounts();
   sem.close();
   const names: string[] = await client.listSemaphores();

@@ -70,6 +70,10 @@ pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
             "LeaseLost"
         }
         Error::RemovedFromQueue { .. } => "RemovedFromQueue",
+        Error::HandoffGone { holder_id, .. } => {
+            put!("holder_id", holder_id.as_str());
+            "HandoffGone"
+        }
         Error::Closed { .. } => "Closed",
         Error::UnknownSemaphore { prefix, .. } => {
             put!("prefix", prefix.as_str());
@@ -124,6 +128,7 @@ fn lost_reason(r: LostReason) -> &'static str {
         LostReason::Shutdown => "shutdown",
         LostReason::Refused => "refused",
         LostReason::Deleted => "deleted",
+        LostReason::HandedOff => "handed_off",
         _ => "other",
     }
 }
@@ -566,6 +571,26 @@ impl Semaphore {
         })
     }
 
+    /// `Semaphore::adopt` of a hand-off token's text.
+    fn adopt<'py>(&self, py: Python<'py>, token: &str) -> PyResult<Bound<'py, PyAny>> {
+        check_fork(py)?;
+        let token: redsem::HandoffToken = token.parse().map_err(|e| to_py(py, e))?;
+        let s = self.inner.clone();
+        spawn(py, async move {
+            let permit = s.adopt(&token).await.map_err(Failure::from)?;
+            Ok::<_, Failure>(Permit::new(permit))
+        })
+    }
+
+    /// `Semaphore::release_handoff` of a hand-off token's text.
+    fn release_handoff<'py>(&self, py: Python<'py>, token: &str) -> PyResult<Bound<'py, PyAny>> {
+        let token: redsem::HandoffToken = token.parse().map_err(|e| to_py(py, e))?;
+        let s = self.inner.clone();
+        spawn(py, async move {
+            s.release_handoff(&token).await.map_err(Failure::from)
+        })
+    }
+
     fn close(&self) {
         self.inner.close();
     }
@@ -728,6 +753,26 @@ impl Permit {
             match p {
                 Some(p) => p.release().await.map_err(Failure::from),
                 None => Ok::<_, Failure>(()),
+            }
+        })
+    }
+
+    /// `Permit::export`: the hand-off token's text. The permit counts as released here
+    /// (this process no longer renews it); exporting it twice is an `InvalidArgument`.
+    fn export<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let inner = self.inner.clone();
+        let name = self.semaphore.clone();
+        spawn(py, async move {
+            let p = inner.lock().await.take();
+            match p {
+                Some(p) => p
+                    .export()
+                    .await
+                    .map(|t| t.to_string())
+                    .map_err(Failure::from),
+                None => Err(Failure::from(Error::InvalidArgument(format!(
+                    "semaphore {name:?}: export of a permit that was already released, detached or exported"
+                )))),
             }
         })
     }

@@ -26,6 +26,11 @@ pub enum LostReason {
     /// [`Client::delete_semaphore`](crate::Client::delete_semaphore) with `force`, or
     /// `redsem delete --force`): the renewal found it gone, and did not re-create it.
     Deleted,
+    /// Another semaphore handle adopted the entry
+    /// ([`Semaphore::adopt`](crate::Semaphore::adopt) with a
+    /// [`HandoffToken`](crate::HandoffToken) of it, e.g. the same token adopted twice): the
+    /// last adopter holds it now, and this handle's renewals no longer keep it alive.
+    HandedOff,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -65,6 +70,9 @@ impl fmt::Display for LostReason {
             LostReason::Shutdown => "the client was shut down (Client::shutdown) while it was held",
             LostReason::Refused => "Redis refused the renewal for lack of permission (ACL)",
             LostReason::Deleted => "the semaphore was deleted (a forced delete) while it was held",
+            LostReason::HandedOff => {
+                "another handle adopted it (Semaphore::adopt of its hand-off token): the last adopter holds it"
+            }
         })
     }
 }
@@ -154,6 +162,23 @@ pub enum Error {
     RemovedFromQueue {
         /// The semaphore's name.
         name: String,
+    },
+
+    /// [`Semaphore::adopt`](crate::Semaphore::adopt): the entry of the
+    /// [`HandoffToken`](crate::HandoffToken) is no longer in Redis. Its lease ran out before
+    /// it was adopted (an exported permit is renewed by nobody until it is adopted: adopt
+    /// it within one lease, or acquire with a longer lease), or it was released
+    /// ([`Semaphore::release_handoff`](crate::Semaphore::release_handoff), an operator's
+    /// forced release) or deleted. Nothing was changed; acquire a new permit if the work must
+    /// still run.
+    #[error(
+        "semaphore {n}: the handed-off holder {holder_id} is gone from Redis (its lease ran out before it was adopted, or it was released): acquire a new permit", n = display_name(.name))]
+    #[non_exhaustive]
+    HandoffGone {
+        /// The semaphore's name.
+        name: String,
+        /// The holder id the token names.
+        holder_id: String,
     },
 
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
@@ -373,6 +398,7 @@ impl Error {
             | Error::LeaseLost { name, .. }
             | Error::Closed { name }
             | Error::RemovedFromQueue { name }
+            | Error::HandoffGone { name, .. }
             | Error::UnknownSemaphore { name, .. }
             | Error::InUse { name, .. }
             | Error::WrongType { name, .. }

@@ -122,6 +122,41 @@
 //! - **Cleanup**: every entry has a lease; nothing a crashed process wrote outlives it. The
 //!   semaphore's own configuration (limit, free slots, the last fence generation) stays in Redis.
 //!
+//! ## Handing a permit to another process
+//!
+//! A scheduler acquires; a worker (another process, maybe in Python or Node.js) does the work,
+//! renews the permit meanwhile and releases it. [`Permit::export`](crate::Permit::export)
+//! turns the permit into a [`HandoffToken`](crate::HandoffToken), a printable string to pass
+//! along with the job; the worker calls [`Semaphore::adopt`](crate::Semaphore::adopt) with
+//! it, and holds a [`Permit`](crate::Permit) with the same slots, fences and holder id:
+//!
+//! ```no_run
+//! # async fn scheduler(sem: redsem::Semaphore) -> Result<(), redsem::Error> {
+//! // the scheduler: one round trip; it no longer renews the permit
+//! let token = sem.acquire().await?.export().await?;
+//! let job = format!("{{\"handoff\": \"{token}\"}}"); // enqueue it with the job
+//! # Ok(()) }
+//! # async fn worker(sem: redsem::Semaphore, text: &str) -> Result<(), redsem::Error> {
+//! // the worker: one round trip; from now on it renews the permit
+//! let token: redsem::HandoffToken = text.parse()?;
+//! let permit = sem.adopt(&token).await?;
+//! permit.run(async { /* the work */ }).await?; // released at the end
+//! # Ok(()) }
+//! ```
+//!
+//! Between the export and the adoption nobody renews the permit: it stays held for what was
+//! left of its lease ([`Permit::lease_left`](crate::Permit::lease_left) at the export), and
+//! if no worker adopts it by then Redis frees the slots (the adoption then fails with
+//! [`Error::HandoffGone`](crate::Error::HandoffGone)). So give the permit a lease longer
+//! than the time a job may wait in between ([`AcquireOptions::lease`](crate::AcquireOptions::lease),
+//! or [`Permit::set_lease`](crate::Permit::set_lease) before exporting), at the price of a
+//! longer wait for the slots after a crash. A job that will not run: release its permit
+//! with [`Semaphore::release_handoff`](crate::Semaphore::release_handoff) (from any process).
+//!
+//! Give each token to one worker. If two adopt it, the last one holds the permit and the
+//! first finds it lost ([`LostReason::HandedOff`](crate::LostReason::HandedOff)) at its next
+//! renewal; until then both believe they hold it, with the same fences.
+//!
 //! ## Limiting requests in tower, axum, hyper, reqwest or tonic stacks
 //!
 //! With the `tower` feature, `redsem::tower::ConcurrencyLimitLayer` wraps any tower

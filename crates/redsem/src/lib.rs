@@ -109,6 +109,7 @@ mod builder;
 mod client;
 pub mod fencing;
 pub mod guide;
+mod handoff;
 mod options;
 mod permit;
 mod semaphore;
@@ -134,6 +135,7 @@ pub use builder::{LimitPolicy, SemaphoreBuilder};
 pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::display_name;
 pub use error::{BackendError, Error, LostReason, NoPermitsReason};
+pub use handoff::HandoffToken;
 /// The key layout, for the crates of this workspace (the chaos suite reads the keys).
 #[doc(hidden)]
 pub use keys::Keys;

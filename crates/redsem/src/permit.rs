@@ -77,6 +77,11 @@ impl Permit {
         Permit { held, fences }
     }
 
+    /// The entry and its fences (for [`export`](Self::export), in `handoff.rs`).
+    pub(crate) fn into_parts(self) -> (Held, Vec<Fence>) {
+        (self.held, self.fences)
+    }
+
     /// The name of the semaphore this permit belongs to.
     pub fn semaphore(&self) -> &str {
         self.held.name()

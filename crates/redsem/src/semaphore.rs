@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::admin::{ForceReleased, Resized};
 use crate::engine::Handle;
 use crate::error::Error;
+use crate::handoff::HandoffToken;
 use crate::options::AcquireOptions;
 use crate::permit::Permit;
 use crate::scripts;
@@ -324,6 +325,90 @@ impl Semaphore {
                 .await
                 .map_err(|e| Error::from_call(e, self.name()))?;
         Ok(counts.is_some_and(|c| ForceReleased::from_counts(c).existed()))
+    }
+
+    /// Takes over a permit another process (or handle) exported with
+    /// [`Permit::export`]: from now on this handle renews it, and the returned [`Permit`]
+    /// holds the token's slots and fences, under its holder id, ticket and lease. Works
+    /// across languages (the token is the same string in Rust, Python and Node.js).
+    ///
+    /// The permit is trusted from the moment this call was sent (as a fresh grant is): its
+    /// local deadline is the send time + the token's lease − the safety margin, and it is
+    /// renewed like any other permit of this handle. It does not wait in the queue: the
+    /// slots are already held. It counts against this process's
+    /// [`local_cap`](crate::SemaphoreBuilder::local_cap), if any (without waiting).
+    ///
+    /// Adopting a token twice (two processes, or twice here) moves the permit each time: the
+    /// **last adopter holds it**. An earlier adopter learns it at its next renewal (within
+    /// one renewal interval; [`Permit::lost`] resolves with [`LostReason::HandedOff`]) and
+    /// must stop: until then both believe they hold it, with the same fences (an adoption
+    /// does not change them), so nothing tells their requests apart. Hand each token to one
+    /// adopter. An earlier adopter that releases the permit before its renewal told it of
+    /// the second adoption releases the last adopter's permit.
+    ///
+    /// # Cost
+    /// One script call (`lease.lua` in adopt mode); in synced mode, one more to confirm it
+    /// on the replicas.
+    ///
+    /// # Cancel safety
+    /// Dropping the future after the call was sent detaches the entry again in the
+    /// background (it is then renewed by nobody, and expires within one lease unless adopted
+    /// again): it is never left in a session of this handle without a permit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a token of another semaphore, or a lease shorter than
+    /// three renewal intervals of this handle; [`Error::HandoffGone`] when the permit is no
+    /// longer in Redis (its lease ran out before it was adopted, it was released, or an
+    /// operator removed it); [`Error::NoPermits`] when the local cap is used up;
+    /// [`Error::Closed`]; connection and permission errors (then the entry is detached again,
+    /// see above, and the token may be adopted again while its lease lasts).
+    ///
+    /// [`LostReason::HandedOff`]: crate::LostReason::HandedOff
+    pub async fn adopt(&self, token: &HandoffToken) -> Result<Permit, Error> {
+        self.check_token(token)?;
+        let grant = crate::scripts::Grant {
+            ticket: token.ticket(),
+            slots: token.slots(),
+            fences: token.fences().iter().map(|f| f.generation).collect(),
+        };
+        let held = self
+            .handle
+            .adopt(token.holder_id(), &grant, token.lease())
+            .await?;
+        Ok(Permit::new(held))
+    }
+
+    /// Releases the permit of a hand-off token by its holder id, without adopting it: the
+    /// slots go to the queue at once. A normal release (not an operator's forced one):
+    /// whoever holds it meanwhile (an adopter) learns it at its next renewal, as
+    /// [`LostReason::NotHolder`](crate::LostReason::NotHolder). Idempotent; returns whether
+    /// the permit was still in Redis.
+    ///
+    /// # Cost
+    /// One script call (`release.lua`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not release it; calling again is harmless.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a token of another semaphore; connection and
+    /// permission errors.
+    pub async fn release_handoff(&self, token: &HandoffToken) -> Result<bool, Error> {
+        self.check_token(token)?;
+        self.handle.release_by_id(token.holder_id()).await
+    }
+
+    /// [`Error::InvalidArgument`] unless `token` is of this semaphore.
+    fn check_token(&self, token: &HandoffToken) -> Result<(), Error> {
+        if token.semaphore() != self.name() {
+            return Err(Error::InvalidArgument(format!(
+                "the hand-off token is for semaphore {}, not {}: adopt or release it through a \
+                 handle of its own semaphore",
+                crate::error::display_name(token.semaphore()),
+                crate::error::display_name(self.name())
+            )));
+        }
+        Ok(())
     }
 
     /// Closes this handle and its clones in this process, like

@@ -433,3 +433,92 @@ async fn three_languages_share_the_limit_with_unique_slots() {
     assert_eq!(sem.stats().await.unwrap().grants_total, 54);
     assert_nothing_left(&server, "mixed").await;
 }
+
+/// Runs `program args...` to completion (with `REDSEM_NODE_PACKAGE`, the npm package's
+/// folder); its stdout's lines (panics on a failure).
+async fn run_lines(program: &Path, args: &[&str]) -> Vec<String> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env("REDSEM_NODE_PACKAGE", root().join("clients/node"))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const PYTHON_RELAY: &str = "
+import asyncio, sys, redsem
+async def main():
+    c = await redsem.connect(sys.argv[1])
+    sem = await c.semaphore(sys.argv[2], limit=1, lease=5)
+    p = await sem.adopt(sys.argv[3])
+    print(' '.join(str(f) for f in p.fences))
+    print(await p.export())
+    await c.close()
+asyncio.run(main())
+";
+
+const NODE_RELAY: &str = "
+const redsem = require(process.env.REDSEM_NODE_PACKAGE);
+(async () => {
+  const [url, name, token] = process.argv.slice(1);
+  const c = await redsem.connect(url);
+  const sem = await c.semaphore(name, { limit: 1, leaseMs: 5000 });
+  const p = await sem.adopt(token);
+  console.log(p.fences.join(' '));
+  console.log(await p.export());
+  await c.close();
+})().catch((e) => { console.error(e); process.exit(1); });
+";
+
+/// A hand-off token is the same string in the three languages: a permit exported in Rust is
+/// adopted in Python, exported again, adopted in Node.js, exported again and adopted back in
+/// Rust, keeping its holder id and fences all the way.
+#[tokio::test]
+async fn a_permit_is_handed_from_rust_to_python_to_node_and_back() {
+    let Some(python) = workers() else { return };
+    let server = Server::start(Flavor::Redis);
+    let client = client(&server).await;
+    let name = "handoff-languages";
+    let sem = open(&client, name, 1, Duration::from_secs(5)).await;
+    let permit = sem.acquire().await.unwrap();
+    let (id, fences) = (permit.holder_id().to_owned(), permit.fences().to_vec());
+    let printed: Vec<String> = fences.iter().map(ToString::to_string).collect();
+    let mut token = permit.export().await.unwrap().to_string();
+    let url = server.url();
+    for (program, script) in [
+        (python.as_path(), PYTHON_RELAY),
+        (Path::new("node"), NODE_RELAY),
+    ] {
+        let flag = if program == Path::new("node") {
+            "-e"
+        } else {
+            "-c"
+        };
+        let lines = run_lines(program, &[flag, script, &url, name, &token]).await;
+        assert_eq!(lines.len(), 2, "{program:?}: {lines:?}");
+        assert_eq!(
+            lines[0].split(' ').collect::<Vec<_>>(),
+            printed,
+            "{program:?}"
+        );
+        token = lines[1].clone();
+        assert!(token.contains(&id), "{program:?}: {token}");
+    }
+    let back = sem.adopt(&token.parse().unwrap()).await.unwrap();
+    assert_eq!(back.holder_id(), id);
+    assert_eq!(back.fences(), &fences[..]);
+    assert_eq!(sem.stats().await.unwrap().expired_total, 0);
+    back.release().await.unwrap();
+    assert_nothing_left(&server, name).await;
+}

@@ -23,7 +23,8 @@ fn rank(file: &str) -> Option<u32> {
         "scripts" => 3,
         "engine" => 4,
         "lib.rs" | "semaphore.rs" | "builder.rs" | "permit.rs" | "client.rs" | "admin.rs"
-        | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs" => 5,
+        | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs"
+        | "handoff.rs" => 5,
         _ => return None,
     })
 }

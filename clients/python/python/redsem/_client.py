@@ -248,8 +248,9 @@ class Permit:
 
     @property
     def lost_reason(self) -> str | None:
-        """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`), or
-        `None` while it is not."""
+        """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`,
+        `"deleted"`, `"handed_off"`: another handle adopted its hand-off token), or `None`
+        while it is not."""
         return self._native.lost_reason()
 
     @property
@@ -313,6 +314,16 @@ class Permit:
     def detach(self) -> None:
         """Stops renewing without releasing: the slot frees when the lease expires."""
         self._native.detach()
+
+    async def export(self) -> str:
+        """Hands the permit to another process (the crate's `Permit::export`): returns a
+        hand-off token, a `str` (`redsem-handoff-1:...`, the same in Rust and Node.js) that
+        `Semaphore.adopt` takes over or `Semaphore.release_handoff` releases. This process
+        stops renewing it and detaches it in Redis (one script call), without releasing it:
+        a token nobody adopts frees its slots within one lease, so adopt it sooner. The
+        permit counts as released here. Raises `LeaseLost` if it is already lost; on any
+        error (and if cancelled) it is released in the background and no token exists."""
+        return await self._native.export()
 
     async def __aenter__(self) -> Permit:
         return self
@@ -515,6 +526,22 @@ class Semaphore:
         waiter removes it from the queue (its acquire raises `RemovedFromQueue`). False if
         no such entry."""
         return await self._native.force_release(holder_id)
+
+    async def adopt(self, token: str) -> Permit:
+        """Takes over a permit another process exported (`Permit.export`'s token): this
+        handle renews it from now on, with the token's slots, fences, holder id and lease
+        (the crate's `Semaphore::adopt`; one script call). Adopted twice, the last adopter
+        holds it; an earlier one finds it lost (`lost_reason` `"handed_off"`) at its next
+        renewal. Raises `HandoffGone` when the permit is no longer in Redis (its lease ran
+        out before adoption, or it was released), `InvalidArgument` for a token of another
+        semaphore or text that is not a token."""
+        return Permit(await self._native.adopt(str(token)))
+
+    async def release_handoff(self, token: str) -> bool:
+        """Releases the permit of a hand-off token without adopting it (one script call;
+        its slots go to the queue at once). Idempotent: False if it was gone already.
+        `InvalidArgument` for a token of another semaphore."""
+        return await self._native.release_handoff(str(token))
 
     async def close(self) -> None:
         """Closes this handle: pending and later acquires fail with `Closed`."""

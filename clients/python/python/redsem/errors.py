@@ -16,6 +16,7 @@ __all__ = [
     "Closed",
     "Corrupt",
     "EvictingPolicy",
+    "HandoffGone",
     "InUse",
     "InvalidArgument",
     "LeaseLost",
@@ -89,6 +90,13 @@ class RemovedFromQueue(RedsemError):
     """An operator removed this request from the queue (`force_release` of a waiter's id,
     `redsem release`) before it was granted: the acquisition was cancelled on purpose and
     nothing is left in Redis. Do not simply retry."""
+
+
+class HandoffGone(RedsemError):
+    """`Semaphore.adopt`: the hand-off token's permit (`holder_id`) is no longer in Redis:
+    its lease ran out before it was adopted, or it was released. Acquire a new permit."""
+
+    holder_id: str = ""
 
 
 class Closed(RedsemError):

@@ -163,6 +163,14 @@ class Semaphore:
     def force_release(self, holder_id: str) -> bool:
         return self._client._run(self._sem.force_release(holder_id))
 
+    def adopt(self, token: str) -> Permit:
+        """`redsem.Semaphore.adopt`: takes over an exported permit."""
+        return Permit(self._client, self._client._run(self._sem.adopt(token)))
+
+    def release_handoff(self, token: str) -> bool:
+        """`redsem.Semaphore.release_handoff`: releases an exported permit by its token."""
+        return self._client._run(self._sem.release_handoff(token))
+
     def close(self) -> None:
         self._client._run(self._sem.close())
 
@@ -224,6 +232,10 @@ class Permit:
 
     def detach(self) -> None:
         self._permit.detach()
+
+    def export(self) -> str:
+        """`redsem.Permit.export`: the hand-off token (a `str`) for another process."""
+        return self._client._run(self._permit.export())
 
     def __enter__(self) -> Permit:
         return self

@@ -501,6 +501,7 @@ async fn renew_call(
                     EntryState::Held(_) if replicated => lease.renewed(sent, now),
                     EntryState::Held(_) => {}
                     EntryState::Gone | EntryState::Waiting => lose(hb, id, lease, gone),
+                    EntryState::Moved => lose(hb, id, lease, LostReason::HandedOff),
                 }
             }
             for (id, state) in waiters.iter().zip(w_states) {
@@ -508,7 +509,7 @@ async fn renew_call(
                     EntryState::Held(grant) => hb
                         .table
                         .deliver(id, Outcome::Granted(Box::new(grant.clone()))),
-                    EntryState::Gone => hb.table.deliver(id, Outcome::Lost),
+                    EntryState::Gone | EntryState::Moved => hb.table.deliver(id, Outcome::Lost),
                     EntryState::Waiting => {}
                 }
             }
@@ -557,8 +558,11 @@ fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
     tracing::warn!(semaphore = %hb.name(), holder = id, ticket, ?slots, %reason, "lease lost");
     crate::metrics::lease_lost(hb.name(), reason);
     lease.lose(reason);
-    // Whatever is left of the entry in Redis is removed (idempotent).
-    hb.table.release_in_background(id.to_owned());
+    // Whatever is left of the entry in Redis is removed (idempotent); not an entry another
+    // handle adopted, which is that handle's now.
+    if reason != LostReason::HandedOff {
+        hb.table.release_in_background(id.to_owned());
+    }
 }
 
 #[cfg(test)]

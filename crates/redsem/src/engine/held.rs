@@ -130,17 +130,23 @@ impl Held {
         let sent = Instant::now();
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
-        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64).await {
+        let owner = scripts::Owner::Is(&self.handle.channel_id);
+        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64, owner).await
+        {
             Ok(EntryState::Held(g)) if self.lease.is_same_grant(&g) => {
                 self.lease.set_len(len, sent);
                 tracing::debug!(semaphore = %self.name(), holder = %self.id, ?old, new = ?len, "lease changed");
                 Ok(())
             }
-            Ok(_) => {
+            Ok(state) => {
+                let reason = match state {
+                    EntryState::Moved => LostReason::HandedOff,
+                    _ => LostReason::NotHolder,
+                };
                 self.handle
                     .heartbeat
-                    .lose_holder(&self.id, &self.lease, LostReason::NotHolder);
-                Err(Error::lease_lost(self.name(), LostReason::NotHolder))
+                    .lose_holder(&self.id, &self.lease, reason);
+                Err(Error::lease_lost(self.name(), reason))
             }
             Err(e) => Err(Error::from_call(e, self.handle.name())),
         }
@@ -156,6 +162,10 @@ impl Held {
     /// is going either way.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         self.handle.table.forget_holder(&self.id);
+        if self.handed_off() {
+            self.released = true; // another handle's now: not released
+            return Ok(());
+        }
         let Some(result) = self.handle.releases.release(self.id.clone()).await else {
             // never sent (the runtime is shutting down): `Drop` tries the releaser
             return Err(Error::closed(self.handle.name()));
@@ -172,10 +182,51 @@ impl Held {
         }
     }
 
+    /// Exports the entry for a hand-off (one round trip): stops renewing it and detaches it
+    /// in Redis now, so that it leaves this handle's session for one of its own that nobody
+    /// renews, with the lease it has, until another handle adopts it
+    /// ([`Handle::adopt`](super::Handle::adopt)). Awaited, not in the background: a detach
+    /// that landed after an adoption would take the entry from its adopter.
+    ///
+    /// On error, or if this future is dropped, no token was handed out: [`Drop`] releases
+    /// the entry in the background (after a detach that landed, that frees the slot sooner).
+    pub(crate) async fn export(mut self) -> Result<(), Error> {
+        if self.is_lost() {
+            let reason = self.lease.lost_reason().unwrap_or(LostReason::Unreachable);
+            return Err(Error::lease_lost(self.name(), reason));
+        }
+        self.handle.table.forget_holder(&self.id);
+        let mut conn = self.handle.ctx.conn.clone();
+        let target = self.handle.remote.target();
+        let ids = [self.id.as_str()];
+        let detach = scripts::Removal {
+            detach: &ids,
+            ..scripts::Removal::default()
+        };
+        match scripts::release(&mut conn, &target, &detach, false).await {
+            Ok(_) => {
+                tracing::debug!(semaphore = %self.name(), holder = %self.id,
+                    ticket = self.grant.ticket, "exported for a hand-off: detached");
+                self.released = true;
+                Ok(())
+            }
+            Err(e) => Err(Error::from_call(e, self.handle.name())),
+        }
+    }
+
+    /// Lost because another handle adopted the entry: it is that handle's now, and must not
+    /// be released or detached from here.
+    fn handed_off(&self) -> bool {
+        self.lease.lost_reason() == Some(LostReason::HandedOff)
+    }
+
     /// Stops renewing and does not release: the entry leaves the handle's session (in the
     /// background: one call, batched with releases) for one nobody renews, and expires with
     /// the lease it has then.
     pub(crate) fn detach(mut self) {
+        if self.handed_off() {
+            return; // another handle's now
+        }
         tracing::debug!(semaphore = %self.name(), holder = %self.id,
             ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
         self.released = true;
@@ -188,7 +239,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || self.handed_off() {
             return;
         }
         tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,

@@ -23,11 +23,13 @@
 //! | `held.rs` | [`Held`]: one granted entry, released on drop |
 //! | `synced.rs` | synced mode: a grant counts once enough replicas have it |
 //! | `acquire.rs` | the acquire state machine |
+//! | `handoff.rs` | hand-off by id: adopting an exported holder, releasing one by id |
 
 mod acquire;
 mod batch;
 mod context;
 mod handle;
+mod handoff;
 mod heartbeat;
 mod held;
 mod lease;

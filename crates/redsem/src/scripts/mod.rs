@@ -322,17 +322,34 @@ pub(crate) async fn renew_many(
         .collect())
 }
 
+/// What a `lease.lua` call does with the holder's owner.
+#[derive(Clone, Copy)]
+pub(crate) enum Owner<'a> {
+    /// The holder must belong to the handle with this channel suffix
+    /// ([`EntryState::Moved`] otherwise: nothing changed).
+    Is(&'a str),
+    /// The holder moves to the handle with this channel suffix, from whatever session it is
+    /// in (a hand-off's adoption).
+    Adopt(&'a str),
+}
+
 /// Sets the lease of the holder `id` to `lease_ms` and extends it by that much from now
-/// (never re-creates the entry). Returns its state: held, or gone.
+/// (never re-creates the entry), checking or changing its owner. Returns its state: held,
+/// gone, or moved (another handle owns it).
 pub(crate) async fn set_lease(
     conn: &mut Conn,
     t: &Target<'_>,
     id: &str,
     lease_ms: u64,
+    owner: Owner<'_>,
 ) -> CallResult<EntryState> {
     let v = LEASE
         .run(conn, t, |inv| {
             inv.arg(id).arg(lease_ms);
+            match owner {
+                Owner::Is(suffix) => inv.arg(suffix).arg("0"),
+                Owner::Adopt(suffix) => inv.arg(suffix).arg("1"),
+            };
         })
         .await?;
     reply::entry(&v)

@@ -9,6 +9,9 @@
 -- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted, served}
 --        states: one per id, in order:
 --          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
+--          {-3}               holds, but in none of the listed sessions' owners (with k > 0):
+--                             another client handle adopted it (a hand-off, lease.lua), or it
+--                             was detached; these sessions no longer keep it alive
 --          {0}                still queued
 --          {-1}               gone: expired, released by someone else, or lost with Redis data
 --        free: the permits free now; limit: the stored limit
@@ -38,8 +41,10 @@ if not limit then
 end
 settle(now, limit, false)
 local sessions, removed, why = {}, {}, {}
+local owners = {} -- the owner part of each listed session (`<owner>~<lease ms>`)
 for j = 0, k - 1 do
   local sid, lease = A[5 + 2 * j], tonumber(A[6 + 2 * j])
+  owners[string.match(sid, '^(.*)~') or sid] = true
   -- (an expired session not reaped yet, e.g. beyond what one call reaps, had no lease
   -- either: some of its entries may be gone)
   local until_ms = redis.call('ZSCORE', K_EXP, sid)
@@ -68,6 +73,8 @@ for i = 5 + 2 * k, #A do
   local m = get_meta(id)
   if not m then
     states[#states + 1] = { -1 }
+  elseif m.s and k > 0 and not owners[m.o or m.c] then
+    states[#states + 1] = { -3 } -- adopted by another handle (or detached)
   elseif m.s then
     states[#states + 1] = held_reply(m)
   else

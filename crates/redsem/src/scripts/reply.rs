@@ -76,6 +76,9 @@ pub(crate) enum EntryState {
     Held(Grant),
     Waiting,
     Gone,
+    /// Held, but by another client handle: adopted from this one (a hand-off), so this
+    /// handle's sessions no longer keep it alive (`-3`).
+    Moved,
 }
 
 pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewal> {
@@ -236,13 +239,14 @@ pub(super) fn triple(v: &Value) -> CallResult<(i64, i64, i64)> {
     Ok((int(items.first())?, int(items.get(1))?, int(items.get(2))?))
 }
 
-/// The state of one entry: `{1, slots, fences, ticket}`, `{0}` or `{-1}` (`renew.lua`,
-/// `lease.lua`).
+/// The state of one entry: `{1, slots, fences, ticket}`, `{0}`, `{-1}` or `{-3}`
+/// (`renew.lua`, `lease.lua`).
 pub(super) fn entry(v: &Value) -> CallResult<EntryState> {
     let s = array(v)?;
     Ok(match int(s.first())? {
         1 => EntryState::Held(grant(s)?),
         0 => EntryState::Waiting,
+        -3 => EntryState::Moved,
         _ => EntryState::Gone,
     })
 }
