@@ -26,6 +26,14 @@ pub enum LostReason {
     /// [`Client::delete_semaphore`](crate::Client::delete_semaphore) with `force`, or
     /// `redsem delete --force`): the renewal found it gone, and did not re-create it.
     Deleted,
+    /// The permit reached the maximum hold time its acquisition asked for
+    /// ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold)), counted from when this
+    /// process learned of the grant. Its renewals stopped: the entry was detached in Redis
+    /// and keeps the lease it had then, so its slots are free within one lease even if the
+    /// program keeps the permit; dropping or releasing the permit frees them at once. Until
+    /// that lease ends nobody else holds the slots, but the work must stop: it ran out of
+    /// the time it was given.
+    MaxHold,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -65,6 +73,9 @@ impl fmt::Display for LostReason {
             LostReason::Shutdown => "the client was shut down (Client::shutdown) while it was held",
             LostReason::Refused => "Redis refused the renewal for lack of permission (ACL)",
             LostReason::Deleted => "the semaphore was deleted (a forced delete) while it was held",
+            LostReason::MaxHold => {
+                "the maximum hold time of the acquisition was reached (its renewals stopped)"
+            }
         })
     }
 }

@@ -32,7 +32,7 @@ pub const RENEWALS_TOTAL: &str = "redsem_client_renewals_total";
 /// Counter: batched renewal calls that failed or timed out.
 pub const RENEWALS_FAILED_TOTAL: &str = "redsem_client_renewals_failed_total";
 /// Counter: permits lost, by `reason` (`not_holder`, `unreachable`, `shutdown`, `refused`,
-/// `deleted`: [`LostReason`](crate::LostReason) in snake case).
+/// `deleted`, `max_hold`: [`LostReason`](crate::LostReason) in snake case).
 pub const LEASES_LOST_TOTAL: &str = "redsem_client_leases_lost_total";
 /// Counter: background releases given up after retries.
 pub const RELEASES_ABANDONED_TOTAL: &str = "redsem_client_releases_abandoned_total";
@@ -162,6 +162,7 @@ mod imp {
             LostReason::Shutdown => "shutdown",
             LostReason::Refused => "refused",
             LostReason::Deleted => "deleted",
+            LostReason::MaxHold => "max_hold",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

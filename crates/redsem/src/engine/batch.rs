@@ -42,6 +42,9 @@ pub(crate) struct Custom {
     pub(crate) lease: Option<std::time::Duration>,
     /// The label shown in the semaphore's stats.
     pub(crate) label: Option<String>,
+    /// The longest the permit may be held (not sent to Redis: the permit's own timer, see
+    /// `Held`).
+    pub(crate) max_hold: Option<std::time::Duration>,
 }
 
 /// The request settings of one handle: what every acquisition it sends shares.
