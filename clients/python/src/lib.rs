@@ -124,6 +124,7 @@ fn lost_reason(r: LostReason) -> &'static str {
         LostReason::Shutdown => "shutdown",
         LostReason::Refused => "refused",
         LostReason::Deleted => "deleted",
+        LostReason::MaxHold => "max_hold",
         _ => "other",
     }
 }
@@ -484,7 +485,9 @@ impl Semaphore {
     }
 
     /// `acquire_with(AcquireOptions)`.
-    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false))]
+    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false,
+        max_hold=None))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
@@ -493,6 +496,7 @@ impl Semaphore {
         label: Option<String>,
         timeout: Option<f64>,
         try_only: bool,
+        max_hold: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_fork(py)?;
         let mut o = AcquireOptions::new().permits(permits).try_only(try_only);
@@ -504,6 +508,9 @@ impl Semaphore {
         }
         if let Some(d) = opt_secs(py, "timeout", timeout)? {
             o = o.timeout(d);
+        }
+        if let Some(d) = opt_secs(py, "max_hold", max_hold)? {
+            o = o.max_hold(d);
         }
         let sem = self.inner.clone();
         spawn(py, async move {

@@ -130,7 +130,8 @@ impl AcquireOptions {
     /// - The time counts from the moment this process learns of the grant (the reply of the
     ///   acquire call, or the grant's notification), a little after Redis granted it; in
     ///   synced mode, before the replicas confirm it. The entry therefore stays in Redis at
-    ///   most `max_hold` + one lease after the grant (less once the lost permit is dropped).
+    ///   most `max_hold` + one lease after this process learned of the grant (plus the time
+    ///   the detachment takes to reach Redis; less once the lost permit is dropped).
     ///
     /// Until the deadline nothing changes: the lease is renewed as usual, and a permit lost
     /// earlier for another reason keeps that reason.

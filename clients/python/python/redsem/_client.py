@@ -175,7 +175,12 @@ class AcquireOptions:
     `permits`: how many at once (one slot each); `lease`: this acquisition's lease (seconds;
     default the handle's); `label`: shown to operators in `stats` (default the handle's);
     `timeout`: give up the place in the queue after this many seconds (`Timeout`);
-    `try_only`: only if free now and nobody is queued first (`NoPermits`), one round trip.
+    `try_only`: only if free now and nobody is queued first (`NoPermits`), one round trip;
+    `max_hold`: the longest the permits may be held, in seconds, counted from the grant (as
+    this process learns it): then the permit is lost with reason `"max_hold"` (the work of
+    `Permit.run` and `async with` is cancelled) and Redis stops renewing it (its slots free
+    within one lease even if the permit is kept; releasing it frees them at once). Costs
+    one timer per such permit. Zero or above 365 days: `InvalidArgument`.
     """
 
     permits: int = 1
@@ -183,6 +188,7 @@ class AcquireOptions:
     label: str | None = None
     timeout: float | None = None
     try_only: bool = False
+    max_hold: float | None = None
 
 
 class LostSignal:
@@ -241,8 +247,8 @@ class Permit:
 
     @property
     def lost_reason(self) -> str | None:
-        """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`), or
-        `None` while it is not."""
+        """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`,
+        `"deleted"`, `"max_hold"`), or `None` while it is not."""
         return self._native.lost_reason()
 
     @property
@@ -438,13 +444,15 @@ class Semaphore:
         timeout: float | None = None,
         lease: float | None = None,
         label: str | None = None,
+        max_hold: float | None = None,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
         """Waits in FIFO order for `permits` permits (at most `timeout` seconds: `Timeout`);
-        `lease`/`label` override the handle's for this acquisition. A timeout or a cancelled
-        wait gives the ticket up."""
+        `lease`/`label` override the handle's for this acquisition; `max_hold` bounds how
+        long the permits may be held (see `AcquireOptions`). A timeout or a cancelled wait
+        gives the ticket up."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label),
+            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, max_hold=max_hold),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -454,12 +462,13 @@ class Semaphore:
         *,
         lease: float | None = None,
         label: str | None = None,
+        max_hold: float | None = None,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
         """Only if `permits` are free now and nobody is queued first (FIFO), else `NoPermits`
         (with `.reason`); one round trip."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True),
+            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, max_hold=max_hold),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -474,6 +483,7 @@ class Semaphore:
                 label=options.label,
                 timeout=options.timeout,
                 try_only=options.try_only,
+                max_hold=options.max_hold,
             )
 
         return AcquireContext(start, cancel_on_loss)

@@ -129,13 +129,26 @@ class Semaphore:
         timeout: float | None = None,
         lease: float | None = None,
         label: str | None = None,
+        max_hold: float | None = None,
     ) -> Permit:
-        """Blocks until `permits` permits are granted (FIFO), at most `timeout` seconds."""
-        return self.acquire_with(AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label))
+        """Blocks until `permits` permits are granted (FIFO), at most `timeout` seconds;
+        `max_hold`: see `AcquireOptions`."""
+        return self.acquire_with(
+            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, max_hold=max_hold)
+        )
 
-    def try_acquire(self, permits: int = 1, *, lease: float | None = None, label: str | None = None) -> Permit:
+    def try_acquire(
+        self,
+        permits: int = 1,
+        *,
+        lease: float | None = None,
+        label: str | None = None,
+        max_hold: float | None = None,
+    ) -> Permit:
         """Only if free now and nobody is queued first, else `NoPermits`."""
-        return self.acquire_with(AcquireOptions(permits=permits, lease=lease, label=label, try_only=True))
+        return self.acquire_with(
+            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, max_hold=max_hold)
+        )
 
     def acquire_with(self, options: AcquireOptions) -> Permit:
         async def go() -> _client.Permit:
