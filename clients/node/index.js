@@ -137,8 +137,8 @@ const SEMAPHORE_OPTIONS = [
   'limit', 'leaseMs', 'renewEveryMs', 'fallbackPollMs', 'localCap', 'label',
   'allowEvictingPolicy', 'limitPolicy',
 ];
-const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'signal'];
-const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label'];
+const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'maxHoldMs', 'signal'];
+const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label', 'maxHoldMs'];
 
 async function connect(url, options) {
   const o = checkKeys('connect', options, CONNECT_OPTIONS);

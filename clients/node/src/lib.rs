@@ -78,6 +78,7 @@ fn lost_reason(r: redsem::LostReason) -> &'static str {
         redsem::LostReason::Shutdown => "shutdown",
         redsem::LostReason::Refused => "refused",
         redsem::LostReason::Deleted => "deleted",
+        redsem::LostReason::MaxHold => "maxHold",
         _ => "unknown",
     }
 }
@@ -502,6 +503,7 @@ pub struct AcquireOptions {
     pub timeout_ms: Option<f64>,
     pub lease_ms: Option<f64>,
     pub label: Option<String>,
+    pub max_hold_ms: Option<f64>,
 }
 
 impl AcquireOptions {
@@ -518,6 +520,9 @@ impl AcquireOptions {
         }
         if let Some(l) = self.label {
             o = o.label(l);
+        }
+        if let Some(m) = self.max_hold_ms {
+            o = o.max_hold(to_duration("maxHoldMs", m)?);
         }
         Ok(o)
     }
