@@ -143,12 +143,20 @@ export interface AcquireOptions {
    * (aging: nothing starves). Without priorities the queue is plain FIFO.
    */
   priority?: number;
+  /**
+   * The longest the permits may be held, counted from the grant (as this process learns it;
+   * default: as long as the permit lives). Then the permit is lost with reason `'maxHold'`
+   * (its `signal` aborts, `run`'s work is told to stop) and Redis stops renewing it: its slots
+   * free within one lease even if the permit is kept, and at once when it is released.
+   * Costs one timer per such permit. Zero or above 365 days: {@link InvalidArgumentError}.
+   */
+  maxHoldMs?: number;
   /** Cancels the wait: the acquire rejects with `signal.reason` and leaves the queue (a grant that arrived meanwhile is released). */
   signal?: AbortSignal;
 }
 
 /** Options of {@link Semaphore.tryAcquire}. */
-export type TryAcquireOptions = Pick<AcquireOptions, 'permits' | 'leaseMs' | 'label' | 'priority'>;
+export type TryAcquireOptions = Pick<AcquireOptions, 'permits' | 'leaseMs' | 'label' | 'priority' | 'maxHoldMs'>;
 
 /** A fair (FIFO), crash-safe counting semaphore shared by every process that opens it. */
 export class Semaphore {
@@ -192,8 +200,8 @@ export class Semaphore {
   close(): void;
 }
 
-/** Why a permit was lost. */
-export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'handedOff' | 'unknown';
+/** Why a permit was lost (`'maxHold'`: the acquisition's {@link AcquireOptions.maxHoldMs} was reached; `'handedOff'`: another handle adopted its hand-off token). */
+export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'handedOff' | 'maxHold' | 'unknown';
 
 /** What a change of the limit did ({@link Semaphore.resize}, {@link Semaphore.addPermits}, {@link Client.resizeExisting}). */
 export interface Resized {

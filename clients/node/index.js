@@ -139,8 +139,8 @@ const SEMAPHORE_OPTIONS = [
   'limit', 'leaseMs', 'renewEveryMs', 'fallbackPollMs', 'localCap', 'label',
   'allowEvictingPolicy', 'limitPolicy',
 ];
-const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'priority', 'signal'];
-const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label', 'priority'];
+const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'priority', 'maxHoldMs', 'signal'];
+const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label', 'priority', 'maxHoldMs'];
 
 async function connect(url, options) {
   const o = checkKeys('connect', options, CONNECT_OPTIONS);

@@ -79,6 +79,7 @@ fn lost_reason(r: redsem::LostReason) -> &'static str {
         redsem::LostReason::Refused => "refused",
         redsem::LostReason::Deleted => "deleted",
         redsem::LostReason::HandedOff => "handedOff",
+        redsem::LostReason::MaxHold => "maxHold",
         _ => "unknown",
     }
 }
@@ -507,6 +508,7 @@ pub struct AcquireOptions {
     pub lease_ms: Option<f64>,
     pub label: Option<String>,
     pub priority: Option<f64>,
+    pub max_hold_ms: Option<f64>,
 }
 
 impl AcquireOptions {
@@ -533,6 +535,9 @@ impl AcquireOptions {
                 )));
             }
             o = o.priority(p as u8);
+        }
+        if let Some(m) = self.max_hold_ms {
+            o = o.max_hold(to_duration("maxHoldMs", m)?);
         }
         Ok(o)
     }

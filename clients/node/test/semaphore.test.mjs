@@ -188,6 +188,42 @@ for (const { flavor, binary, skip } of flavors()) {
       await p.release();
     });
 
+    test('maxHoldMs: the permit is lost with reason maxHold, and its release frees the slot at once', async () => {
+      const sem = await client.semaphore('maxhold', { limit: 1, leaseMs: 30000 });
+      const other = await redsem.connect(server.url, { connectTimeoutMs: 5000 });
+      try {
+        const otherSem = await other.semaphore('maxhold', { limit: 1, leaseMs: 30000 });
+        const started = performance.now();
+        const p = await sem.acquire({ maxHoldMs: 1000 });
+        assert.equal(p.isLost, false);
+        let seen = null;
+        p.onLost((e) => { seen = e; });
+        assert.ok(await eventually(() => seen !== null && p.signal.aborted, 15000));
+        assert.ok(performance.now() - started >= 900, 'lost before its maximum hold time');
+        assert.ok(seen instanceof redsem.LeaseLostError);
+        assert.equal(seen.reason, 'maxHold');
+        assert.equal(p.lostReason, 'maxHold');
+        assert.equal(p.isLost, true);
+        // released: another client gets the slot long before the 30 s lease
+        await p.release();
+        const next = await otherSem.acquire({ timeoutMs: 10000 });
+        await next.release();
+        // tryAcquire takes the option too; zero and negative values are refused
+        const q = await sem.tryAcquire({ maxHoldMs: 60000 });
+        assert.equal(q.isLost, false);
+        await q.release();
+        for (const bad of [0, -1]) {
+          await assert.rejects(sem.acquire({ maxHoldMs: bad }), (e) => {
+            assert.ok(e instanceof redsem.InvalidArgumentError, String(e));
+            return true;
+          });
+        }
+        assert.equal((await counts(sem)).inUse, 0);
+      } finally {
+        await other.close();
+      }
+    });
+
     test('a released permit never reports a loss (and its watch does not keep Node alive)', async () => {
       const sem = await client.semaphore('kept', { limit: 1, leaseMs: 600 });
       const p = await sem.acquire();

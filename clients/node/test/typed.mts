@@ -11,7 +11,8 @@ export async function example(url: string): Promise<number> {
   const sem: redsem.Semaphore = await client.semaphore('licensed-api', { limit: 4, leaseMs: 10_000, label: 'web-1' });
   const controller = new AbortController();
   const permit: redsem.Permit = await sem.acquire({
-    timeoutMs: 5000, permits: 1, label: 'request 7', leaseMs: 30_000, signal: controller.signal,
+    timeoutMs: 5000, permits: 1, label: 'request 7', leaseMs: 30_000, maxHoldMs: 600_000,
+    signal: controller.signal,
   });
   const slot: number = permit.slots[0];
   const fence: string = permit.fences[0];
@@ -19,6 +20,7 @@ export async function example(url: string): Promise<number> {
   const signal: AbortSignal = permit.signal;
   const left: number = permit.leaseLeftMs;
   const reason: redsem.LostReason | null = permit.lostReason;
+  if (reason === 'maxHold') console.error('held too long');
   await permit.setLease(20_000);
   await permit.release();
   try {

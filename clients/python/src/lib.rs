@@ -129,6 +129,7 @@ fn lost_reason(r: LostReason) -> &'static str {
         LostReason::Refused => "refused",
         LostReason::Deleted => "deleted",
         LostReason::HandedOff => "handed_off",
+        LostReason::MaxHold => "max_hold",
         _ => "other",
     }
 }
@@ -489,7 +490,8 @@ impl Semaphore {
     }
 
     /// `acquire_with(AcquireOptions)`.
-    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false, priority=0))]
+    #[pyo3(signature = (*, permits=1, lease=None, label=None, timeout=None, try_only=false,
+        priority=0, max_hold=None))]
     #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
@@ -500,6 +502,7 @@ impl Semaphore {
         timeout: Option<f64>,
         try_only: bool,
         priority: i64,
+        max_hold: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_fork(py)?;
         let priority = u8::try_from(priority).map_err(|_| {
@@ -523,6 +526,9 @@ impl Semaphore {
         }
         if let Some(d) = opt_secs(py, "timeout", timeout)? {
             o = o.timeout(d);
+        }
+        if let Some(d) = opt_secs(py, "max_hold", max_hold)? {
+            o = o.max_hold(d);
         }
         let sem = self.inner.clone();
         spawn(py, async move {

@@ -328,6 +328,34 @@ async def test_a_lost_permit_cancels_the_body(server: Server, name: str) -> None
         assert await sem.run(asyncio.sleep(0.01, result="ran")) == "ran"
 
 
+async def test_max_hold_loses_the_permit_and_frees_the_slot(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c, await redsem.connect(server.url) as other:
+        sem = await c.semaphore(name, limit=1, lease=30.0)
+        other_sem = await other.semaphore(name, limit=1, lease=30.0)
+        started = time.monotonic()
+        with pytest.raises(redsem.LeaseLost) as err:
+            async with sem.acquire(max_hold=1.0) as p:
+                await asyncio.sleep(30)
+        assert 1.0 <= time.monotonic() - started < 15
+        assert err.value.reason == "max_hold" == p.lost_reason
+        assert p.lost.is_set() and p.is_lost()
+        # released on leaving the block: another client gets the slot long before the 30 s lease
+        q = await other_sem.acquire(timeout=10)
+        await q.release()
+        # through AcquireOptions, the permit kept after the loss, then released
+        p = await sem.acquire_with(redsem.AcquireOptions(max_hold=1.0))
+        assert not p.is_lost()
+        assert await p.lost.wait()
+        assert p.lost_reason == "max_hold"
+        await p.release()
+        q = await other_sem.acquire(timeout=10)
+        await q.release()
+        for bad in (0.0, -1.0):
+            with pytest.raises(redsem.InvalidArgument, match="max_hold"):
+                await sem.acquire(max_hold=bad)
+        assert await in_use(sem, 0)
+
+
 async def test_the_callers_own_cancellation_is_not_a_lost_lease(server: Server, name: str) -> None:
     async with await redsem.connect(server.url) as c:
         sem = await c.semaphore(name, limit=1)

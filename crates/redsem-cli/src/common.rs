@@ -30,6 +30,8 @@ pub const EXIT_LOST: u8 = 75;
 /// `run`: an operator removed the waiting request from the queue (`redsem release`); the
 /// command was not run.
 pub const EXIT_REMOVED: u8 = 76;
+/// `run --max-hold`: the maximum hold time was reached; the command was terminated.
+pub const EXIT_MAX_HOLD: u8 = 77;
 /// No permits in time (`run --timeout`, `-n`): the default of `run -E`, as GNU `timeout`.
 pub const EXIT_TIMEOUT: u8 = 124;
 /// redsem's own error, in every subcommand: a bad command line, Redis unreachable,
@@ -50,6 +52,7 @@ Exit status (every subcommand):
   75       `run`: the slot was lost while the command ran; the command was terminated
   76       `run`: an operator removed the waiting request from the queue (`redsem release`);
            the command was not run
+  77       `run`: --max-hold was reached; the command was terminated
   124      `run`: no permits within --timeout (or not free at once with -n); the command was
            not run. -E/--conflict-exit-code N changes it
   125      redsem's own error: bad command line, Redis unreachable, authentication, missing
@@ -192,6 +195,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     if d > redsem::MAX_DURATION {
         return Err(format!("{s:?} is longer than the maximum of 365 days"));
+    }
+    Ok(d)
+}
+
+/// `run --max-hold`: a duration above zero (zero would stop the command as it starts).
+pub fn parse_max_hold(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?} would stop the command as soon as it starts: give a maximum hold time \
+             above zero, like 10m, or leave --max-hold out to hold as long as the command runs"
+        ));
     }
     Ok(d)
 }

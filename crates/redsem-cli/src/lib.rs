@@ -230,6 +230,13 @@ pub struct RunArgs {
     #[arg(long, env = "REDSEM_TIMEOUT", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
 
+    /// Longest the command may hold the permits, counted from the grant: then it is stopped
+    /// as on a lost slot (SIGTERM to its process group, SIGKILL after --kill-after) and
+    /// redsem exits 77. Redis stops renewing the permits at that moment, and they are
+    /// released as soon as the command is gone. Default: as long as the command runs.
+    #[arg(long, env = "REDSEM_MAX_HOLD", value_name = "DURATION", value_parser = common::parse_max_hold)]
+    pub max_hold: Option<Duration>,
+
     /// Do not wait: fail (exit 124, or -E) unless the permits are free right now. The same
     /// as --timeout 0 (flock: -n).
     #[arg(long, short = 'n')]

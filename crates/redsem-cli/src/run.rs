@@ -11,8 +11,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
 
 use crate::common::{
-    self, EXIT_ERROR, EXIT_LOST, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_REMOVED, Failure,
-    fmt_dur, fmt_fences,
+    self, EXIT_ERROR, EXIT_LOST, EXIT_MAX_HOLD, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_REMOVED,
+    Failure, fmt_dur, fmt_fences,
 };
 use crate::{Global, RunArgs};
 
@@ -39,8 +39,11 @@ group gets SIGTERM, then SIGKILL after --kill-after. While Redis does not confir
 the group gets SIGTERM --kill-after before the lease could run out in Redis and SIGKILL at
 that moment, before the slot can be granted elsewhere; so --kill-after may be at most half
 the lease (default: a quarter of it, at most 10s), and redsem renews every
-(lease - kill-after) / 4. If redsem itself is killed, the command gets SIGTERM (Linux) and
-the permits free within one lease.";
+(lease - kill-after) / 4. With --max-hold, the group is stopped the same way (SIGTERM, then
+SIGKILL after --kill-after) once the permits were held that long, counted from the grant, and
+redsem exits 77: Redis stops renewing them at that moment, and they are released as soon as
+the command is gone. If redsem itself is killed, the command gets SIGTERM (Linux) and the
+permits free within one lease.";
 
 /// How long `run`, once done (the command ended, or it gave up waiting), waits for Redis to
 /// confirm the release of its permits or of its place in the queue before it exits: one
@@ -180,15 +183,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             sem.limit()
         );
     }
-    let options = redsem::AcquireOptions::new()
-        .permits(a.permits)
-        .priority(a.priority);
-    let options = match a.wait_limit() {
-        Some(t) if t.is_zero() => options.try_only(true),
-        Some(t) => options.timeout(t),
-        None => options,
-    };
-    let acquire = sem.acquire_with(options);
+    let acquire = sem.acquire_with(acquire_options(&a));
     let acquired = tokio::select! {
         r = acquire => r,
         () = progress(&client, &name, a.permits, started), if a.verbose => unreachable!(),
@@ -291,8 +286,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     // The moment the lease could run out in Redis, as last seen while the permit was not
     // lost: it only moves later (with renewals).
     let mut deadline = Instant::now() + permit.lease_left();
-    // Once the command is being stopped (SIGTERM sent): when SIGKILL is due, `None` once sent.
+    // Once the command is being stopped (SIGTERM sent): when SIGKILL is due, `None` once sent;
+    // and redsem's exit status then.
     let mut stopping = false;
+    let mut stopped_status = EXIT_LOST;
     let mut kill_at: Option<Instant> = None;
     let status = loop {
         if !permit.is_lost() {
@@ -306,16 +303,34 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             st = child.wait() => break st,
             // a renewal found the entry gone, or the client gave it up: the slot may be
             // another's already
+            // (or the maximum hold time was reached: Redis no longer renews the permits, which
+            // keep the lease they had)
             reason = &mut lost, if !stopping => {
                 let now = Instant::now();
                 let at = (now + stop.kill_after).min(deadline.max(now));
+                let (why, status) = match (reason, a.max_hold) {
+                    (redsem::LostReason::MaxHold, Some(max)) => (
+                        format!(
+                            "the maximum hold time of semaphore {name:?} was reached \
+                             (--max-hold {}) while the command ran",
+                            fmt_dur(max)
+                        ),
+                        EXIT_MAX_HOLD,
+                    ),
+                    _ => (
+                        format!(
+                            "lost the slot of semaphore {name:?} while the command ran: {reason}"
+                        ),
+                        EXIT_LOST,
+                    ),
+                };
                 say!(
-                    "redsem: lost the slot of semaphore {name:?} while the command ran: {reason}; \
-                     sending SIGTERM to its process group {pgid}, SIGKILL in {}",
+                    "redsem: {why}; sending SIGTERM to its process group {pgid}, SIGKILL in {}",
                     fmt_dur(at - now)
                 );
                 killpg(pgid, libc::SIGTERM);
                 stopping = true;
+                stopped_status = status;
                 kill_at = Some(at);
             }
             // no renewal confirmed in time: stop the command before the lease can run out
@@ -359,9 +374,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     if stopping {
         // the lease is gone, or about to be: nothing of the group may keep using the resource
         killpg(pgid, libc::SIGKILL);
+        // (a permit lost to --max-hold is still in Redis: this releases it at once)
         drop(permit);
         shutdown(&client).await;
-        return Ok(EXIT_LOST);
+        return Ok(stopped_status);
     }
     let held = permit.holder_id().to_owned();
     let deadline = Instant::now() + RELEASE_WAIT;
@@ -384,6 +400,23 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     }
     shutdown_by(&client, deadline).await;
     Ok(exit_code(status))
+}
+
+/// The acquisition `run` makes: `--permits`, how long to wait (`--timeout`, `-n`), and
+/// `--max-hold`.
+fn acquire_options(a: &RunArgs) -> redsem::AcquireOptions {
+    let mut opts = redsem::AcquireOptions::new()
+        .permits(a.permits)
+        .priority(a.priority);
+    match a.wait_limit() {
+        Some(t) if t.is_zero() => opts = opts.try_only(true),
+        Some(t) => opts = opts.timeout(t),
+        None => {}
+    }
+    if let Some(max_hold) = a.max_hold {
+        opts = opts.max_hold(max_hold);
+    }
+    opts
 }
 
 /// How often `run -v` reads the queue while it waits (one `stats` script call each).

@@ -106,6 +106,7 @@ fn stats_json_schema() {
             "lease_left",
             "permits",
             "position",
+            "priority",
             "ticket",
             "waited"
         ]

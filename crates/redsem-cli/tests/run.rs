@@ -204,6 +204,63 @@ fn a_lost_lease_kills_the_process_group() {
     });
 }
 
+/// `run --max-hold 1s -- sleep 30`: the command is stopped soon after 1 s (SIGTERM to its
+/// group) with a message naming the maximum hold time, redsem exits 77, and the slot is
+/// free at once (a waiter gets it long before the 30 s lease). A zero is refused.
+#[test]
+fn max_hold_stops_the_command_and_frees_the_slot() {
+    let server = Server::start(Flavor::Redis);
+    let started = Instant::now();
+    let mut r = Background::spawn(
+        redsem(&server)
+            .args([
+                "run",
+                "mh",
+                "--limit",
+                "1",
+                "--lease",
+                "30s",
+                "--max-hold",
+                "1s",
+            ])
+            .args(["--", "sleep", "30"])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "mh").is_some_and(|(holders, _)| holders == 1)
+    });
+    let mut next = Background::spawn(
+        redsem(&server)
+            .args(["run", "mh", "--timeout", "25s", "--", "true"])
+            .stderr(Stdio::piped()),
+    );
+    let (rc, err) = r.finish(Duration::from_secs(25));
+    let took = started.elapsed();
+    assert_eq!(rc, 77, "{err}");
+    assert!(err.contains("maximum hold time"), "{err}");
+    assert!(err.contains("--max-hold 1.0s"), "{err}");
+    assert!(err.contains("SIGTERM"), "{err}");
+    assert!(took >= Duration::from_secs(1), "stopped after {took:?}");
+    assert!(
+        took < Duration::from_secs(20),
+        "stopped only after {took:?}"
+    );
+    let ended = Instant::now();
+    let (rc, err) = next.finish(Duration::from_secs(25));
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        ended.elapsed() < Duration::from_secs(10),
+        "the waiter got the slot long before the 30 s lease"
+    );
+    assert_eq!(counts(&server, "mh"), Some((0, 0)));
+
+    for bad in ["0", "0s"] {
+        let out = run(redsem(&server).args(["run", "mh", "--max-hold", bad, "--", "true"]));
+        assert_eq!(code(&out), 125, "{}", stderr(&out));
+        assert!(stderr(&out).contains("above zero"), "{}", stderr(&out));
+    }
+}
+
 /// An operator's `redsem release` of a running holder: the command is terminated (exit 75),
 /// and the next holder of its slot gets a higher token.
 #[test]

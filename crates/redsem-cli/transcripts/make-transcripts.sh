@@ -73,11 +73,14 @@ t 'redsem run licence-server -n -- make deploy'
 t 'redsem run licence-server -n -E 1 -- make deploy'
 echo "### wait"
 b 'redsem run gpu --limit 1 --label "training run 41" -- sleep 8 &'
+G1=$!
 sleep 0.5
 b 'redsem run gpu --label "eval-1" -- sleep 2 &'
+G2=$!
 sleep 0.3
 t 'redsem run -v gpu --label "eval-2" -- true'
-wait
+# (only these two: the backup of section 2 still runs, until section 5 releases it)
+wait $G1 $G2
 echo "### values"
 t 'redsem --version'
 t 'redsem run jobs --limit -3 -- make'
@@ -126,6 +129,7 @@ REDIS_PID="$(cat "$work/redis-$PORT.pid")"
 b 'redsem run stubborn --limit 1 --lease 3s -- sh -c '"'"'trap "" TERM; while :; do sleep 0.1; done'"'"' & P=$!'
 b 'sleep 1; kill -STOP $REDIS_PID; sleep 4; kill -CONT $REDIS_PID; wait $P; echo "redsem run exited with $?"'
 redsem delete stubborn >/dev/null
+b 'redsem run demo --max-hold 1s -- sleep 600; echo "redsem run exited with $?"; redsem stats demo | head -1'
 echo "### 7"
 b 'redsem run licence-server --label "long job" -- sleep 3 &'
 b 'redsem exporter --listen 127.0.0.1:9721 & EXPORTER=$!'

@@ -31,6 +31,14 @@ pub enum LostReason {
     /// [`HandoffToken`](crate::HandoffToken) of it, e.g. the same token adopted twice): the
     /// last adopter holds it now, and this handle's renewals no longer keep it alive.
     HandedOff,
+    /// The permit reached the maximum hold time its acquisition asked for
+    /// ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold)), counted from when this
+    /// process learned of the grant. Its renewals stopped: the entry was detached in Redis
+    /// and keeps the lease it had then, so its slots are free within one lease even if the
+    /// program keeps the permit; dropping or releasing the permit frees them at once. Until
+    /// that lease ends nobody else holds the slots, but the work must stop: it ran out of
+    /// the time it was given.
+    MaxHold,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -72,6 +80,9 @@ impl fmt::Display for LostReason {
             LostReason::Deleted => "the semaphore was deleted (a forced delete) while it was held",
             LostReason::HandedOff => {
                 "another handle adopted it (Semaphore::adopt of its hand-off token): the last adopter holds it"
+            }
+            LostReason::MaxHold => {
+                "the maximum hold time of the acquisition was reached (its renewals stopped)"
             }
         })
     }

@@ -75,6 +75,19 @@
 //! A job longer than its lease needs nothing special: keep the lease short (fast crash
 //! recovery) and let the renewals carry the job (see `examples/long_job.rs`).
 //!
+//! ## Bounding how long a permit is held
+//!
+//! Renewals let a live holder keep its permit for ever: a hung job that still renews blocks
+//! its slot as long as its process lives. To bound that, give the acquisition a maximum
+//! hold time ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold); `redsem run
+//! --max-hold`): at the grant (as this process learns it) + that time, the permit is lost
+//! with [`LostReason::MaxHold`](crate::LostReason::MaxHold), so
+//! [`Permit::run`](crate::Permit::run) drops the work, and Redis stops renewing the entry
+//! (it is detached, keeping the lease it has). Dropping the lost permit frees the slot at
+//! once; a program that keeps it and ignores the loss still loses the slot within one
+//! lease. Choose it well above the job's normal duration: it is a guard against hung work,
+//! not a scheduler.
+//!
 //! ## What happens on each failure
 //!
 //! | failure | what redsem does | what you see |
@@ -83,6 +96,7 @@
 //! | waiter process killed | its ticket's lease expires and it leaves the queue | the waiters behind it move up within one lease |
 //! | acquire future dropped (timeout, `select!`, task abort) | the ticket is removed in the background; a grant that raced in is released | nothing leaks |
 //! | permit dropped | released in the background (batched) | the next waiter starts within a round trip |
+//! | holder exceeds its maximum hold time ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold)) | the permit is lost with [`LostReason::MaxHold`](crate::LostReason::MaxHold) and its entry detached in Redis (no longer renewed) | `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost), the work is cancelled; the slot frees when the permit is dropped, or within one lease if the program keeps it |
 //! | notification lost, subscriber connection killed | the subscriber reconnects, re-subscribes and re-checks every local waiter; otherwise the fallback poll finds the grant | a delay of at most the fallback interval |
 //! | Redis unreachable while holding | renewals are retried; before the lease could expire the permit is lost with [`LostReason::Unreachable`](crate::LostReason::Unreachable) | `run` returns [`Error::LeaseLost`](crate::Error::LeaseLost), the work is cancelled |
 //! | holder paused past its lease (SIGSTOP, GC, VM freeze) | the server reaps it; the slot goes to the next waiter with a higher fence; on wake-up the renewal finds it gone ([`LostReason::NotHolder`](crate::LostReason::NotHolder)) | between the expiry and the wake-up, the paused holder may still act: only fencing stops it |

@@ -32,7 +32,7 @@ pub const RENEWALS_TOTAL: &str = "redsem_client_renewals_total";
 /// Counter: batched renewal calls that failed or timed out.
 pub const RENEWALS_FAILED_TOTAL: &str = "redsem_client_renewals_failed_total";
 /// Counter: permits lost, by `reason` (`not_holder`, `unreachable`, `shutdown`, `refused`,
-/// `deleted`, `handed_off`: [`LostReason`](crate::LostReason) in snake case).
+/// `deleted`, `handed_off`, `max_hold`: [`LostReason`](crate::LostReason) in snake case).
 pub const LEASES_LOST_TOTAL: &str = "redsem_client_leases_lost_total";
 /// Counter: background releases given up after retries.
 pub const RELEASES_ABANDONED_TOTAL: &str = "redsem_client_releases_abandoned_total";
@@ -163,6 +163,7 @@ mod imp {
             LostReason::Refused => "refused",
             LostReason::Deleted => "deleted",
             LostReason::HandedOff => "handed_off",
+            LostReason::MaxHold => "max_hold",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

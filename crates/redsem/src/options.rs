@@ -58,6 +58,7 @@ pub struct AcquireOptions {
     timeout: Option<Duration>,
     try_only: bool,
     priority: u8,
+    max_hold: Option<Duration>,
 }
 
 impl Default for AcquireOptions {
@@ -69,6 +70,7 @@ impl Default for AcquireOptions {
             timeout: None,
             try_only: false,
             priority: 0,
+            max_hold: None,
         }
     }
 }
@@ -149,6 +151,43 @@ impl AcquireOptions {
         self.priority
     }
 
+    /// The longest this acquisition may hold its permits (default: as long as the permit
+    /// lives). At the grant + `max_hold` the permit is *lost* with [`LostReason::MaxHold`]:
+    /// [`Permit::lost`] resolves, its cancellation token is cancelled and [`Permit::run`]
+    /// drops the work it guards, as for any other loss.
+    ///
+    /// What it promises:
+    /// - **Renewals stop in Redis.** At that moment the entry is *detached* in Redis (as by
+    ///   [`Permit::detach`]): it leaves the handle's session for one nobody renews and keeps
+    ///   the lease expiry it has then, so Redis frees its slots within one lease (of this
+    ///   holder) even if the program keeps the lost `Permit` and ignores the loss.
+    /// - **Dropping or releasing the lost permit frees the slots at once** (one release
+    ///   call), as for a permit that was not lost.
+    /// - The time counts from the moment this process learns of the grant (the reply of the
+    ///   acquire call, or the grant's notification), a little after Redis granted it; in
+    ///   synced mode, before the replicas confirm it. The entry therefore stays in Redis at
+    ///   most `max_hold` + one lease after this process learned of the grant (plus the time
+    ///   the detachment takes to reach Redis; less once the lost permit is dropped).
+    ///
+    /// Until the deadline nothing changes: the lease is renewed as usual, and a permit lost
+    /// earlier for another reason keeps that reason.
+    ///
+    /// Cost: one timer (a small task) per permit acquired with a maximum hold time, ended
+    /// when the permit is dropped; at the deadline, one `release.lua` call in the
+    /// background (the detachment, batched with the client's releases).
+    ///
+    /// Checked when the acquisition starts: zero, or above [`MAX_DURATION`], is an
+    /// [`Error::InvalidArgument`] (nothing is queued).
+    ///
+    /// [`LostReason::MaxHold`]: crate::LostReason::MaxHold
+    /// [`Permit::lost`]: crate::Permit::lost
+    /// [`Permit::run`]: crate::Permit::run
+    /// [`Permit::detach`]: crate::Permit::detach
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
     /// The number of permits asked for.
     pub fn get_permits(&self) -> u32 {
         self.permits
@@ -174,6 +213,11 @@ impl AcquireOptions {
         self.try_only
     }
 
+    /// The maximum hold time, if any (see [`max_hold`](Self::max_hold)).
+    pub fn get_max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
     /// Checks the options against the handle's timing and turns them into the engine's
     /// request.
     pub(crate) fn into_ask(self, timing: &Timing) -> Result<Ask, Error> {
@@ -195,12 +239,19 @@ impl AcquireOptions {
             check_label(label)?;
         }
         check_priority(self.priority)?;
-        let custom =
-            (self.lease.is_some() || self.label.is_some() || self.priority != 0).then(|| {
-                Arc::new(Custom {
-                    lease: self.lease,
-                    label: self.label,
-                    priority: self.priority,
+        if let Some(max_hold) = self.max_hold {
+            check_max_hold(max_hold)?;
+        }
+        let custom = (self.lease.is_some()
+            || self.label.is_some()
+            || self.priority != 0
+            || self.max_hold.is_some())
+        .then(|| {
+            Arc::new(Custom {
+                lease: self.lease,
+                label: self.label,
+                priority: self.priority,
+                max_hold: self.max_hold,
                 })
             });
         Ok(Ask {
@@ -221,6 +272,19 @@ pub(crate) fn check_priority(priority: u8) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// [`Error::InvalidArgument`] for a maximum hold time of zero (the permit would be lost as
+/// it is granted) or above [`MAX_DURATION`].
+fn check_max_hold(max_hold: Duration) -> Result<(), Error> {
+    if max_hold.is_zero() {
+        return Err(Error::InvalidArgument(
+            "max_hold is zero: a permit could not be held at all; give a positive maximum \
+             hold time, or none to hold as long as the permit lives"
+                .into(),
+        ));
+    }
+    check_duration("max_hold", max_hold)
 }
 
 /// [`Error::InvalidArgument`] for a label longer than 200 bytes, or one with a control

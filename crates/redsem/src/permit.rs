@@ -37,8 +37,10 @@ impl fmt::Display for Fence {
 /// A held permit (one or more permits of one acquisition). Releases on drop.
 ///
 /// While it lives, its lease is renewed in the background. If a renewal finds the entry gone,
-/// or renewals fail until the lease could have expired, the permit is *lost*: [`lost`]
-/// resolves, [`cancellation_token`] is cancelled, and [`run`] stops the work it guards.
+/// or renewals fail until the lease could have expired, or the acquisition's maximum hold
+/// time ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold)) is reached, the
+/// permit is *lost*: [`lost`] resolves, [`cancellation_token`] is cancelled, and [`run`]
+/// stops the work it guards.
 ///
 /// Dropping it does no I/O: the release is handed to the client's background task (one
 /// round trip, batched with other releases). [`release`](Permit::release) does it in place
@@ -88,11 +90,14 @@ impl Permit {
     }
 
     /// Why the lease is lost, once [`is_lost`](Self::is_lost) is true: the heartbeat's
-    /// reason, or [`LostReason::Unreachable`] when only the local deadline has passed (no
-    /// renewal was confirmed in time). `None` while it is not lost. Cheap, no I/O.
+    /// reason; [`LostReason::MaxHold`] when the maximum hold time
+    /// ([`AcquireOptions::max_hold`](crate::AcquireOptions::max_hold)) has passed; or
+    /// [`LostReason::Unreachable`] when only the local deadline has passed (no renewal was
+    /// confirmed in time). `None` while it is not lost. Cheap, no I/O.
     pub fn lost_reason(&self) -> Option<LostReason> {
         match self.held.lease().lost_reason() {
             Some(reason) => Some(reason),
+            None if self.held.past_max_hold() => Some(LostReason::MaxHold),
             None if self.held.is_lost() => Some(LostReason::Unreachable),
             None => None,
         }
@@ -126,7 +131,8 @@ impl Permit {
     }
 
     /// Whether the lease is lost, or could have run out in Redis: true once the heartbeat
-    /// declared it lost, and also once the local deadline (the trusted renewal + lease −
+    /// declared it lost, once the maximum hold time has passed, and also once the local
+    /// deadline (the trusted renewal + lease −
     /// safety margin; the trusted renewal is one a failover cannot have lost, about one
     /// renewal interval older than the last) has passed, even if the heartbeat has not run
     /// since (a runtime busy with blocking work starves it). Cheap, no I/O.

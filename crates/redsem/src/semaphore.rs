@@ -185,8 +185,9 @@ impl Semaphore {
         self.acquire_with(AcquireOptions::new().permits(n).try_only(true))
     }
 
-    /// The general form of every `acquire` method: the permits, lease, label, timeout and
-    /// mode of [`options`](AcquireOptions). The other methods are shorthands for it.
+    /// The general form of every `acquire` method: the permits, lease, label, timeout,
+    /// maximum hold time and mode of [`options`](AcquireOptions). The other methods are
+    /// shorthands for it.
     ///
     /// ```no_run
     /// # async fn f(sem: redsem::Semaphore) -> Result<(), redsem::Error> {

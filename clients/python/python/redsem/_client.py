@@ -182,6 +182,11 @@ class AcquireOptions:
     `priority`: the class, 0 (the default) to 9, higher served first, FIFO within a class,
     and a request is overtaken by at most 1000 later ones per class above its own (aging:
     nothing starves; see `redsem::AcquireOptions::priority`).
+    `max_hold`: the longest the permits may be held, in seconds, counted from the grant (as
+    this process learns it): then the permit is lost with reason `"max_hold"` (the work of
+    `Permit.run` and `async with` is cancelled) and Redis stops renewing it (its slots free
+    within one lease even if the permit is kept; releasing it frees them at once). Costs
+    one timer per such permit. Zero or above 365 days: `InvalidArgument`.
     """
 
     permits: int = 1
@@ -190,6 +195,7 @@ class AcquireOptions:
     timeout: float | None = None
     try_only: bool = False
     priority: int = 0
+    max_hold: float | None = None
 
 
 class LostSignal:
@@ -249,8 +255,8 @@ class Permit:
     @property
     def lost_reason(self) -> str | None:
         """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`,
-        `"deleted"`, `"handed_off"`: another handle adopted its hand-off token), or `None`
-        while it is not."""
+        `"deleted"`, `"handed_off"`: another handle adopted its hand-off token, `"max_hold"`),
+        or `None` while it is not."""
         return self._native.lost_reason()
 
     @property
@@ -457,13 +463,17 @@ class Semaphore:
         lease: float | None = None,
         label: str | None = None,
         priority: int = 0,
+        max_hold: float | None = None,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
         """Waits in FIFO order for `permits` permits (at most `timeout` seconds: `Timeout`);
-        `lease`/`label` override the handle's for this acquisition; `priority` is its class
-        (see `AcquireOptions`). A timeout or a cancelled wait gives the ticket up."""
+        `lease`/`label` override the handle's for this acquisition; `priority` is its class and
+        `max_hold` bounds how long the permits may be held (see `AcquireOptions`). A timeout or
+        a cancelled wait gives the ticket up."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, priority=priority),
+            AcquireOptions(
+                permits=permits, timeout=timeout, lease=lease, label=label, priority=priority, max_hold=max_hold
+            ),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -474,12 +484,15 @@ class Semaphore:
         lease: float | None = None,
         label: str | None = None,
         priority: int = 0,
+        max_hold: float | None = None,
         cancel_on_loss: bool = True,
     ) -> AcquireContext:
         """Only if `permits` are free now and nobody is queued ahead (FIFO; with `priority`,
         ahead of its place), else `NoPermits` (with `.reason`); one round trip."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, priority=priority),
+            AcquireOptions(
+                permits=permits, lease=lease, label=label, try_only=True, priority=priority, max_hold=max_hold
+            ),
             cancel_on_loss=cancel_on_loss,
         )
 
@@ -495,6 +508,7 @@ class Semaphore:
                 timeout=options.timeout,
                 try_only=options.try_only,
                 priority=options.priority,
+                max_hold=options.max_hold,
             )
 
         return AcquireContext(start, cancel_on_loss)

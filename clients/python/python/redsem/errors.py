@@ -81,7 +81,8 @@ class LeaseLost(RedsemError):
     """The permit's slot was lost while the work ran. `reason`: `"not_holder"` (the entry
     was gone: expired, force-released, data lost), `"unreachable"` (renewals failed until the
     lease could have expired), `"shutdown"` (the client was closed), `"refused"` (ACL),
-    `"deleted"` (a forced delete of the semaphore)."""
+    `"deleted"` (a forced delete of the semaphore), `"max_hold"` (the acquisition's maximum
+    hold time was reached: its renewals stopped)."""
 
     reason: str = ""
 

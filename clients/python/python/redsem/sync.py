@@ -130,19 +130,30 @@ class Semaphore:
         lease: float | None = None,
         label: str | None = None,
         priority: int = 0,
+        max_hold: float | None = None,
     ) -> Permit:
         """Blocks until `permits` permits are granted (FIFO within a `priority` class), at most
-        `timeout` seconds."""
+        `timeout` seconds; `max_hold`: see `AcquireOptions`."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, timeout=timeout, lease=lease, label=label, priority=priority)
+            AcquireOptions(
+                permits=permits, timeout=timeout, lease=lease, label=label, priority=priority, max_hold=max_hold
+            )
         )
 
     def try_acquire(
-        self, permits: int = 1, *, lease: float | None = None, label: str | None = None, priority: int = 0
+        self,
+        permits: int = 1,
+        *,
+        lease: float | None = None,
+        label: str | None = None,
+        priority: int = 0,
+        max_hold: float | None = None,
     ) -> Permit:
         """Only if free now and nobody is queued ahead, else `NoPermits`."""
         return self.acquire_with(
-            AcquireOptions(permits=permits, lease=lease, label=label, try_only=True, priority=priority)
+            AcquireOptions(
+                permits=permits, lease=lease, label=label, try_only=True, priority=priority, max_hold=max_hold
+            )
         )
 
     def acquire_with(self, options: AcquireOptions) -> Permit:

@@ -39,8 +39,8 @@ pub(crate) struct Ask {
     pub(crate) try_only: bool,
     /// Give up after this long (counted from the first poll).
     pub(crate) timeout: Option<Duration>,
-    /// A holder lease or label other than the handle's: rare, so shared and on the heap (a
-    /// plain acquisition's future stays small).
+    /// A holder lease, label or maximum hold time other than the handle's: rare, so shared
+    /// and on the heap (a plain acquisition's future stays small).
     pub(crate) custom: Option<Arc<Custom>>,
 }
 
@@ -198,15 +198,10 @@ impl Handle {
                             .insert(pending.id.to_string(), lease.clone());
                         self.table.poke.notify_one();
                         let id = pending.disarm();
-                        return Ok(Held::new(
-                            self.clone(),
-                            id,
-                            n,
-                            *grant,
-                            lease,
-                            local,
-                            lease_use,
-                        ));
+                        return Ok(
+                            Held::new(self.clone(), id, n, *grant, lease, local, lease_use)
+                                .with_max_hold(custom.as_ref().and_then(|c| c.max_hold)),
+                        );
                     }
                     AcquireReply::Granted(grant) => {
                         self.table.deliver(&pending.id, Outcome::Granted(grant))
@@ -276,15 +271,10 @@ impl Handle {
                             continue;
                         }
                     };
-                    return Ok(Held::new(
-                        self.clone(),
-                        id,
-                        n,
-                        *grant,
-                        lease,
-                        local,
-                        lease_use,
-                    ));
+                    return Ok(
+                        Held::new(self.clone(), id, n, *grant, lease, local, lease_use)
+                            .with_max_hold(custom.as_ref().and_then(|c| c.max_hold)),
+                    );
                 }
                 // The limit shrank below the request, and Redis removed it: ask again, and
                 // Redis answers with the limit as it is now (or queues it at the back, if

@@ -44,6 +44,9 @@ pub(crate) struct Custom {
     pub(crate) label: Option<String>,
     /// The priority class (0: the default, plain FIFO).
     pub(crate) priority: u8,
+    /// The longest the permit may be held (not sent to Redis: the permit's own timer, see
+    /// `Held`).
+    pub(crate) max_hold: Option<std::time::Duration>,
 }
 
 /// The request settings of one handle: what every acquisition it sends shares.

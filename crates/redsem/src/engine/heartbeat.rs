@@ -247,6 +247,17 @@ impl Heartbeat {
         lose(self, id, lease, reason);
     }
 
+    /// The holder `id` reached its maximum hold time: it is lost
+    /// ([`LostReason::MaxHold`]) and, unless it was lost or released before, detached in
+    /// Redis (in the background): its entry leaves the handle's session for one nobody
+    /// renews, and expires with the lease it has. Not released: the program may still be
+    /// stopping its work, and the permit's drop releases it.
+    pub(crate) fn max_hold_reached(&self, id: &str, lease: &LeaseState) {
+        if declare_lost(self, id, lease, LostReason::MaxHold) {
+            self.table.detach_in_background(id.to_owned());
+        }
+    }
+
     fn next_wakeup(&self) -> Option<Instant> {
         let st = self.table.lock();
         self.schedule.lock().unwrap().next_wakeup(&st, &self.timing)
@@ -546,10 +557,22 @@ async fn renew_call(
     }
 }
 
+/// Declares the holder `id` lost for `reason` and removes whatever is left of its entry in
+/// Redis (in the background).
 fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
+    // Whatever is left of the entry in Redis is removed (idempotent); not an entry another
+    // handle adopted, which is that handle's now.
+    if declare_lost(hb, id, lease, reason) && reason != LostReason::HandedOff {
+        hb.table.release_in_background(id.to_owned());
+    }
+}
+
+/// Declares the holder `id` lost for `reason` locally (the heartbeat stops checking it, the
+/// permit learns it): false if it was no longer a holder (released or lost meanwhile).
+fn declare_lost(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) -> bool {
     let was_holder = hb.table.lock().holders.remove(id).is_some();
     if !was_holder {
-        return; // released meanwhile
+        return false; // released or lost meanwhile
     }
     let (ticket, slots) = lease
         .granted()
@@ -558,11 +581,7 @@ fn lose(hb: &Heartbeat, id: &str, lease: &LeaseState, reason: LostReason) {
     tracing::warn!(semaphore = %hb.name(), holder = id, ticket, ?slots, %reason, "lease lost");
     crate::metrics::lease_lost(hb.name(), reason);
     lease.lose(reason);
-    // Whatever is left of the entry in Redis is removed (idempotent); not an entry another
-    // handle adopted, which is that handle's now.
-    if reason != LostReason::HandedOff {
-        hb.table.release_in_background(id.to_owned());
-    }
+    true
 }
 
 #[cfg(test)]

@@ -28,8 +28,25 @@ pub(crate) struct Held {
     /// it lives.
     lease_uses: std::sync::Mutex<Vec<LeaseUse>>,
     released: bool,
+    /// The maximum hold time's timer, if the acquisition asked for one.
+    max_hold: Option<MaxHoldTimer>,
     /// `redsem_client_holders` and `redsem_client_hold_seconds` (feature `metrics`).
     _hold: crate::metrics::HoldTimer,
+}
+
+/// The timer of a maximum hold time: a task that, at `at`, declares the permit lost
+/// ([`LostReason::MaxHold`]) and detaches its entry in Redis
+/// ([`Heartbeat::max_hold_reached`](super::heartbeat::Heartbeat::max_hold_reached)). Ended
+/// when the permit goes (released, detached, dropped).
+struct MaxHoldTimer {
+    at: Instant,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for MaxHoldTimer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Held {
@@ -54,7 +71,41 @@ impl Held {
             _local: local,
             lease_uses: std::sync::Mutex::new(lease_use.into_iter().collect()),
             released: false,
+            max_hold: None,
         }
+    }
+
+    /// Limits the hold to `max_hold` from now (nothing for `None`): then the permit is lost
+    /// with [`LostReason::MaxHold`] and its entry detached in Redis, so that Redis stops
+    /// renewing it; dropping the permit still releases it at once. Costs one timer task,
+    /// aborted when the permit goes, and at the deadline one call of the releaser.
+    pub(crate) fn with_max_hold(mut self, max_hold: Option<Duration>) -> Held {
+        let Some(max_hold) = max_hold else {
+            return self;
+        };
+        let at = Instant::now() + max_hold;
+        let handle = Arc::downgrade(&self.handle);
+        let (id, lease) = (self.id.clone(), self.lease.clone());
+        let task = tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            if let Some(handle) = handle.upgrade() {
+                tracing::info!(semaphore = %handle.name(), holder = %id, ?max_hold,
+                    "maximum hold time reached: the permit is lost, its entry detached");
+                handle.heartbeat.max_hold_reached(&id, &lease);
+            }
+        });
+        self.max_hold = Some(MaxHoldTimer {
+            at,
+            task: task.abort_handle(),
+        });
+        self
+    }
+
+    /// Whether the maximum hold time has passed (whether or not its timer has run since).
+    pub(crate) fn past_max_hold(&self) -> bool {
+        self.max_hold
+            .as_ref()
+            .is_some_and(|m| Instant::now() >= m.at)
     }
 
     /// The semaphore's name.
@@ -81,10 +132,10 @@ impl Held {
         &self.lease
     }
 
-    /// Lost, or past the local deadline of its confirmed renewals (whether or not the
-    /// heartbeat has run since).
+    /// Lost, or past the local deadline of its confirmed renewals or its maximum hold time
+    /// (whether or not the heartbeat or the timer has run since).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost() || self.lease.may_have_ended()
+        self.lease.is_lost() || self.lease.may_have_ended() || self.past_max_hold()
     }
 
     /// Time left until the lease could have run out in Redis (zero once lost): the deadline
