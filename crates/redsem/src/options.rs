@@ -252,8 +252,8 @@ impl AcquireOptions {
                 label: self.label,
                 priority: self.priority,
                 max_hold: self.max_hold,
-                })
-            });
+            })
+        });
         Ok(Ask {
             n: self.permits,
             try_only: self.try_only,

@@ -213,6 +213,10 @@ end
 -- client checks such waiters of its own (a lost notification). Unlike the head of the queue,
 -- this stays true when a higher class queues ahead of waiters already granted.
 local SERVED = nil
+-- Set by renew.lua before load_limit, which then reads s0..s9 too (in its one HMGET) into
+-- LOADED_SERVED (index = class); finish() raises them by this call's grants.
+local READ_SERVED = false
+local LOADED_SERVED = nil
 
 local function finish()
   if CFG_DIRTY then
@@ -225,6 +229,7 @@ local function finish()
     if SERVED then -- (a grant made CFG_DIRTY)
       for c, t in pairs(SERVED) do
         args[#args + 1] = 's' .. c; args[#args + 1] = string.format('%d', t)
+        if LOADED_SERVED and t > LOADED_SERVED[c] then LOADED_SERVED[c] = t end
       end
       SERVED = nil
     end
@@ -590,8 +595,16 @@ end
 -- Every script calls it before its first write. With ONLY_EXISTING, returns nil instead of
 -- re-creating a semaphore that delete.lua removed (its tombstone is in `own`).
 local function load_limit()
-  local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
-    'qlen')
+  local cfg
+  if READ_SERVED then
+    cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
+      'qlen', 's0', 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', 's9')
+    LOADED_SERVED = {}
+    for c = 0, 9 do LOADED_SERVED[c] = tonumber(cfg[9 + c] or '0') or 0 end
+  else
+    cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
+      'qlen')
+  end
   check_ours(cfg[1], cfg[2])
   if cfg[1] then
     if tonumber(cfg[2] or '1') ~= PROTOCOL then

@@ -31,6 +31,7 @@
 --          s0..s9: a waiter whose ticket is at or below its class's was granted or removed
 local now = now_ms()
 ONLY_EXISTING = true
+READ_SERVED = true
 local limit = load_limit()
 local k = tonumber(A[4])
 if not limit then
@@ -91,7 +92,7 @@ end
 if requeued then publish(pump(now, limit), nil) end
 local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
 finish()
-local served = redis.call('HMGET', K_CFG, 's0', 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', 's9')
-for c = 1, 10 do served[c] = tonumber(served[c] or '0') end
+local served = {}
+for c = 0, 9 do served[c + 1] = LOADED_SERVED[c] end
 return { next_expiry(now), states, free_now(limit), limit, sessions,
   #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0, served }

@@ -30,6 +30,7 @@ local function use_semaphore(offset, args)
   SEQ, GEN, GRANTS, EXPIRED, REPAIRS, QLEN = 0, 0, 0, 0, 0, 0
   CFG_DIRTY = false
   SERVED = nil
+  READ_SERVED, LOADED_SERVED = false, nil
   ONLY_EXISTING = false
 end
 
