@@ -29,7 +29,8 @@ pub(crate) struct Held {
     lease_uses: std::sync::Mutex<Vec<LeaseUse>>,
     released: bool,
     /// The maximum hold time's timer, if the acquisition asked for one.
-    max_hold: Option<MaxHoldTimer>,
+    /// (Boxed: only a permit that asked for one pays for its size.)
+    max_hold: Option<Box<MaxHoldTimer>>,
     /// `redsem_client_holders` and `redsem_client_hold_seconds` (feature `metrics`).
     _hold: crate::metrics::HoldTimer,
 }
@@ -94,10 +95,10 @@ impl Held {
                 handle.heartbeat.max_hold_reached(&id, &lease);
             }
         });
-        self.max_hold = Some(MaxHoldTimer {
+        self.max_hold = Some(Box::new(MaxHoldTimer {
             at,
             task: task.abort_handle(),
-        });
+        }));
         self
     }
 
