@@ -88,6 +88,24 @@
 //! lease. Choose it well above the job's normal duration: it is a guard against hung work,
 //! not a scheduler.
 //!
+//! ## Serving some requests first
+//!
+//! The queue is FIFO. When some work must not wait behind a backlog (an interactive request
+//! behind a batch), give it a priority class
+//! ([`AcquireOptions::priority`](crate::AcquireOptions::priority), 0 to 9, higher first;
+//! `redsem run --priority`): it is served before lower classes, FIFO within its class.
+//! Nothing starves: a request is overtaken by at most 1,000 later requests per class above
+//! its own (a class-0 request by at most 9,000), after which everything that arrives queues
+//! behind it. Leave the default class 0 to everything else: without classes the queue is
+//! plain FIFO.
+//!
+//! ```no_run
+//! # async fn example(sem: redsem::Semaphore) -> Result<(), redsem::Error> {
+//! use redsem::AcquireOptions;
+//! let urgent = sem.acquire_with(AcquireOptions::new().priority(5)).await?;
+//! # drop(urgent); Ok(()) }
+//! ```
+//!
 //! ## What happens on each failure
 //!
 //! | failure | what redsem does | what you see |
