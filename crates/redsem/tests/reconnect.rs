@@ -149,6 +149,18 @@ async fn reconnects_back_off_while_the_server_refuses() {
     }
 }
 
+/// The subscriber connection dies and cannot come back; the command connection lives.
+fn cut_notifications(proxy: &FaultProxy, server: &Server) {
+    proxy.refuse_new(true);
+    assert!(
+        server
+            .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .as_int()
+            .unwrap()
+            >= 1
+    );
+}
+
 #[tokio::test]
 async fn no_waiter_waits_longer_than_the_fallback_interval_for_a_lost_notification() {
     for server in servers() {
@@ -157,15 +169,7 @@ async fn no_waiter_waits_longer_than_the_fallback_interval_for_a_lost_notificati
         let other = client_at(&server.url()).await;
         let fallback = Duration::from_millis(700);
         let (held, waiter) = waiting(&client, &other, &server, "lost", fallback).await;
-        // the subscriber connection dies and cannot come back; the command connection lives
-        proxy.refuse_new(true);
-        assert!(
-            server
-                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
-                .as_int()
-                .unwrap()
-                >= 1
-        );
+        cut_notifications(&proxy, &server);
         let released = Instant::now();
         held.release().await.unwrap();
         let p = tokio::time::timeout(fallback * 6, waiter)
@@ -197,14 +201,7 @@ async fn a_lost_notification_is_found_although_a_higher_class_queued_ahead() {
         let other = client_at(&server.url()).await;
         let fallback = Duration::from_millis(700);
         let (held, waiter) = waiting(&client, &other, &server, "lost-prio", fallback).await;
-        proxy.refuse_new(true);
-        assert!(
-            server
-                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
-                .as_int()
-                .unwrap()
-                >= 1
-        );
+        cut_notifications(&proxy, &server);
         let urgent = rarely_polled(&other, "lost-prio", fallback)
             .open()
             .await

@@ -5,8 +5,11 @@
 //!
 //! - **Issue order**: an entry that a snapshot shows for the first time carries a ticket above
 //!   every live waiter's of the previous snapshot of its semaphore (those reached Redis
-//!   before it). After `cfg` and `queue` were lost together, a counter that restarted below
-//!   the live tickets breaks this.
+//!   before it) that this snapshot still shows with its record and a valid lease (one that
+//!   left meanwhile, e.g. reaped when its lease ran out, may have gone before the new ticket
+//!   was issued: with every record gone, a re-created configuration rightly starts again at
+//!   1). After `cfg` and `queue` were lost together, a counter that restarted below the live
+//!   tickets breaks this.
 //! - **Grant order**: no holder is granted while a live waiter with a lower place (its ticket,
 //!   less 1000 and a sixteenth per priority class: docs/PROTOCOL.md, "Priority classes"),
 //!   queued before that grant, stays waiting (strict FIFO within a class: nobody overtakes,
@@ -33,8 +36,6 @@ struct Seen {
     ids: HashSet<u32>,
     /// live waiters (entry → ticket, first seen waiting at, µs)
     waiting: HashMap<u32, (u64, i64)>,
-    /// the highest ticket of the live waiters of the previous snapshot
-    highest_waiting: Option<(u64, u32)>,
     /// overtakings reported (holder, waiter)
     reported: HashSet<(u32, u32)>,
 }
@@ -67,7 +68,19 @@ impl Fifo {
             s.valid(e) && e.n >= 0 && e.slots.is_empty() && e.granted_ms < 0 && e.ticket >= 0
         };
         // issue order
-        if let Some((top, w)) = seen.highest_waiting {
+        // the previous snapshot's highest live waiter that is still there (see the module doc)
+        let still_there = |id: u32| {
+            s.entries
+                .iter()
+                .any(|e| e.id == id && e.ticket >= 0 && s.valid(e))
+        };
+        let top_waiting = seen
+            .waiting
+            .iter()
+            .filter(|&(&id, _)| still_there(id))
+            .map(|(&id, &(ticket, _))| (ticket, id))
+            .max();
+        if let Some((top, w)) = top_waiting {
             for e in &s.entries {
                 if !seen.ids.contains(&e.id) && e.ticket >= 0 && (e.ticket as u64) < top {
                     r.violation(
@@ -121,16 +134,11 @@ impl Fifo {
         }
         // what the next snapshot is compared with
         let mut waiting = HashMap::new();
-        let mut highest = None;
         for e in s.entries.iter().filter(|e| live_waiter(e)) {
             let since = seen.waiting.get(&e.id).map_or(s.now, |&(_, t)| t);
             waiting.insert(e.id, (e.ticket as u64, since));
-            if highest.is_none_or(|(t, _)| (e.ticket as u64) > t) {
-                highest = Some((e.ticket as u64, e.id));
-            }
         }
         seen.waiting = waiting;
-        seen.highest_waiting = highest;
         seen.ids.extend(s.entries.iter().map(|e| e.id));
     }
 }
