@@ -67,13 +67,7 @@ async fn waiters_keep_being_notified_after_the_subscriber_connection_is_killed()
             .open()
             .await
             .unwrap();
-        assert!(
-            server
-                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
-                .as_int()
-                .unwrap()
-                >= 1
-        );
+        kill_subscribers(&server);
         // wait for the resubscription
         assert!(
             eventually(Duration::from_secs(5), || {

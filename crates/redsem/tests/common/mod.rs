@@ -142,3 +142,15 @@ pub fn calls(server: &Server, command: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// Kills every subscriber (pub/sub) connection of `server`; at least one must have existed.
+pub fn kill_subscribers(server: &Server) {
+    assert!(
+        server
+            .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+            .as_int()
+            .unwrap()
+            >= 1,
+        "no subscriber connection to kill"
+    );
+}
