@@ -16,7 +16,7 @@ use crate::client::Client;
 use crate::error::{CallResult, Error};
 use crate::keys::Keys;
 use crate::keys::MAX_LIMIT;
-use crate::scripts;
+use crate::protocol;
 use crate::stats::Stats;
 
 impl Client {
@@ -64,7 +64,7 @@ impl Client {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::stats_existing(&mut conn, &keys, publish).await;
+        let reply = protocol::stats_existing(&mut conn, &keys, publish).await;
         Ok(Stats::from_reply(name, self.existing(&keys, reply)?))
     }
 
@@ -82,7 +82,7 @@ impl Client {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::resize_existing(&mut conn, &keys, publish, new_limit).await;
+        let reply = protocol::resize_existing(&mut conn, &keys, publish, new_limit).await;
         Ok(Resized::from_reply(self.existing(&keys, reply)?, new_limit))
     }
 
@@ -105,7 +105,7 @@ impl Client {
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
         let reply =
-            scripts::add_to_limit_existing(&mut conn, &keys, publish, delta, MAX_LIMIT).await;
+            protocol::add_to_limit_existing(&mut conn, &keys, publish, delta, MAX_LIMIT).await;
         Resized::from_added(self.existing(&keys, reply)?, name, delta)
     }
 
@@ -128,7 +128,7 @@ impl Client {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::force_release_existing(&mut conn, &keys, publish, holder_id).await;
+        let reply = protocol::force_release_existing(&mut conn, &keys, publish, holder_id).await;
         Ok(ForceReleased::from_counts(self.existing(&keys, reply)?))
     }
 
@@ -166,9 +166,9 @@ impl Client {
     /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
     pub async fn delete_semaphore(&self, name: &str, force: bool) -> Result<u32, Error> {
         let mode = if force {
-            scripts::DeleteMode::Force
+            protocol::DeleteMode::Force
         } else {
-            scripts::DeleteMode::IfUnused
+            protocol::DeleteMode::IfUnused
         };
         self.delete_with(name, mode).await
     }
@@ -184,15 +184,15 @@ impl Client {
     /// [`Error::UnknownSemaphore`] when its configuration key does not exist;
     /// [`Error::InvalidArgument`] for a bad name; connection and permission errors.
     pub async fn purge_keys(&self, name: &str) -> Result<u32, Error> {
-        self.delete_with(name, scripts::DeleteMode::Purge).await
+        self.delete_with(name, protocol::DeleteMode::Purge).await
     }
 
-    async fn delete_with(&self, name: &str, mode: scripts::DeleteMode) -> Result<u32, Error> {
-        let force = !matches!(mode, scripts::DeleteMode::IfUnused);
+    async fn delete_with(&self, name: &str, mode: protocol::DeleteMode) -> Result<u32, Error> {
+        let force = !matches!(mode, protocol::DeleteMode::IfUnused);
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = scripts::delete_existing(&mut conn, &keys, publish, mode).await;
+        let reply = protocol::delete_existing(&mut conn, &keys, publish, mode).await;
         let d = self.existing(&keys, reply)?;
         if !d.deleted {
             return Err(Error::InUse {
@@ -252,7 +252,7 @@ pub struct Resized {
 }
 
 impl Resized {
-    pub(crate) fn from_reply(reply: scripts::ResizeReply, new_limit: u32) -> Resized {
+    pub(crate) fn from_reply(reply: protocol::ResizeReply, new_limit: u32) -> Resized {
         let (previous, limit, rejected) = reply;
         Resized {
             previous,
@@ -267,7 +267,7 @@ impl Resized {
     /// The reply of a relative change (`add`) by `delta`; an error when it was refused
     /// (nothing changed).
     pub(crate) fn from_added(
-        reply: scripts::ResizeReply,
+        reply: protocol::ResizeReply,
         name: &str,
         delta: i64,
     ) -> Result<Resized, Error> {

@@ -31,7 +31,7 @@
 use crate::client::Client;
 use crate::error::Error;
 use crate::permit::Fence;
-use crate::scripts;
+use crate::protocol;
 
 /// Fencing-token checks and fenced writes for a resource stored in Redis.
 ///
@@ -74,7 +74,7 @@ impl FencedStore {
 
     async fn call(&self, fence: Fence, write: Option<(&str, &[u8])>) -> Result<bool, Error> {
         let mut conn = self.client.inner.conn.clone();
-        scripts::fence(
+        protocol::fence(
             &mut conn,
             &self.fence_key,
             fence.slot,

@@ -252,5 +252,5 @@
 //! Keys share the hash tag `{<name>}`: `<prefix>:{<name>}:cfg`, `:queue`, `:exp` (session
 //! leases), `:meta`, `:slots`, `:free`, `:own` (the entries of each session); each client
 //! handle listens on `<prefix>:{<name>}:c:<id>`.
-//! The Lua scripts beside `src/scripts/mod.rs` document their arguments and replies;
+//! The Lua scripts beside `src/protocol/mod.rs` document their arguments and replies;
 //! `docs/PROTOCOL.md` is the full specification.

@@ -50,7 +50,7 @@ pub fn check_limit(limit: i64) -> Result<u32, Error> {
 #[doc(hidden)]
 pub struct Keys {
     pub(crate) name: String,
-    /// The seven keys, in the order every script expects them (see `scripts/prelude.lua`):
+    /// The seven keys, in the order every script expects them (see `protocol/lua/prelude.lua`):
     /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `own`.
     #[doc(hidden)]
     pub all: [String; 7],
@@ -184,7 +184,7 @@ mod tests {
     /// The scripts' protocol version (prelude.lua) is the one this crate announces.
     #[test]
     fn the_protocol_version_is_the_scripts() {
-        let prelude = include_str!("scripts/prelude.lua");
+        let prelude = include_str!("protocol/lua/prelude.lua");
         assert!(
             prelude.contains(&format!("\nlocal PROTOCOL = {PROTOCOL_VERSION}\n")),
             "prelude.lua's PROTOCOL differs from PROTOCOL_VERSION"

@@ -96,7 +96,7 @@
 //   public API: semaphore, options, builder, permit, client, admin, blocking, tower, fencing,
 //               stats, guide
 //   engine:     engine/ (acquire, batching, heartbeat, releaser, notifier, table, ...)
-//   protocol:   scripts/ (the Lua scripts, their arguments and the only reply parser)
+//   protocol:   protocol/ (the Lua scripts, their arguments and the only reply parser)
 //   transport:  backend/ (URLs, TLS, standalone, cluster, Sentinel connections)
 //   bottom:     metrics, keys, error
 
@@ -120,7 +120,7 @@ pub mod tower;
 // engine
 mod engine;
 // protocol
-mod scripts;
+mod protocol;
 // transport
 mod backend;
 // bottom

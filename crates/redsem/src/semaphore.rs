@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::handoff::HandoffToken;
 use crate::options::AcquireOptions;
 use crate::permit::Permit;
-use crate::scripts;
+use crate::protocol;
 use crate::stats::Stats;
 
 pub use crate::keys::MAX_LIMIT;
@@ -250,7 +250,7 @@ impl Semaphore {
     /// Connection and permission errors.
     pub async fn stats(&self) -> Result<Stats, Error> {
         let mut conn = self.handle.ctx.conn.clone();
-        let reply = scripts::stats(&mut conn, &self.handle.remote.target())
+        let reply = protocol::stats(&mut conn, &self.handle.remote.target())
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(reply.limit);
@@ -275,7 +275,7 @@ impl Semaphore {
     pub async fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
         crate::keys::check_limit(new_limit.into())?;
         let mut conn = self.handle.ctx.conn.clone();
-        let reply = scripts::resize(&mut conn, &self.handle.remote.target(), new_limit)
+        let reply = protocol::resize(&mut conn, &self.handle.remote.target(), new_limit)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(new_limit);
@@ -300,7 +300,7 @@ impl Semaphore {
     pub async fn add_permits(&self, delta: i64) -> Result<Resized, Error> {
         let mut conn = self.handle.ctx.conn.clone();
         let reply =
-            scripts::add_to_limit(&mut conn, &self.handle.remote.target(), delta, MAX_LIMIT)
+            protocol::add_to_limit(&mut conn, &self.handle.remote.target(), delta, MAX_LIMIT)
                 .await
                 .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(reply.1.unwrap_or(reply.0));
@@ -322,7 +322,7 @@ impl Semaphore {
     pub async fn force_release(&self, holder_id: &str) -> Result<bool, Error> {
         let mut conn = self.handle.ctx.conn.clone();
         let counts =
-            scripts::force_release(&mut conn, &self.handle.remote.target(), false, holder_id)
+            protocol::force_release(&mut conn, &self.handle.remote.target(), false, holder_id)
                 .await
                 .map_err(|e| Error::from_call(e, self.name()))?;
         Ok(counts.is_some_and(|c| ForceReleased::from_counts(c).existed()))
@@ -367,7 +367,7 @@ impl Semaphore {
     /// [`LostReason::HandedOff`]: crate::LostReason::HandedOff
     pub async fn adopt(&self, token: &HandoffToken) -> Result<Permit, Error> {
         self.check_token(token)?;
-        let grant = crate::scripts::Grant {
+        let grant = crate::protocol::Grant {
             ticket: token.ticket(),
             slots: token.slots(),
             fences: token.fences().iter().map(|f| f.generation).collect(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::permit::Fence;
-use crate::scripts::StatsReply;
+use crate::protocol::StatsReply;
 
 /// A consistent snapshot of one semaphore, taken by one script run (expired entries are
 /// reaped first, so every holder listed has a valid lease).
@@ -98,7 +98,7 @@ mod millis {
 }
 
 impl Stats {
-    /// The public snapshot of the reply of `stats.lua` (parsed in `scripts`).
+    /// The public snapshot of the reply of `stats.lua` (parsed in `protocol`).
     pub(crate) fn from_reply(name: &str, reply: StatsReply) -> Stats {
         let now = reply.now_ms as f64;
         let ms = |t: f64| Duration::from_millis((t.max(0.0)) as u64);

@@ -259,7 +259,10 @@ async fn a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant() {
 
 /// A script of the crate, as a client sends it (the prelude, a newline, its body).
 fn script(body: &str) -> String {
-    format!("{}\n{body}", include_str!("../src/scripts/prelude.lua"))
+    format!(
+        "{}\n{body}",
+        include_str!("../src/protocol/lua/prelude.lua")
+    )
 }
 
 /// Runs `body` on the semaphore `name` as a client would (the seven keys, the common header
@@ -287,7 +290,7 @@ fn crashed_holder(server: &Server, name: &str, limit: u32, suffix: &str, id: &st
         server,
         name,
         limit,
-        include_str!("../src/scripts/acquire.lua"),
+        include_str!("../src/protocol/lua/acquire.lua"),
         &["1", id, "1", &lease, &lease, suffix, "crashed", "try", "0"],
     );
     assert!(
@@ -451,7 +454,7 @@ async fn ending_a_session_after_own_is_lost_keeps_its_entries_leases() {
             &server,
             name,
             2,
-            include_str!("../src/scripts/release.lua"),
+            include_str!("../src/protocol/lua/release.lua"),
             &["0", "1", "0", "gone.0~1000"],
         );
         let lost = Instant::now();

@@ -5,7 +5,7 @@
 //! folder's `mod.rs`), resolves each to the file that defines it, and checks the edges
 //! against the layer order documented in `docs/ARCHITECTURE.md`:
 //!
-//! public API → engine → scripts → backend → metrics / keys → error
+//! public API → engine → protocol → backend → metrics / keys → error
 //!
 //! A file may import files of its own layer or below, never above, and the file graph has no
 //! cycle. Comments and `#[cfg(test)]` modules are not read. No server needed.
@@ -20,7 +20,7 @@ fn rank(file: &str) -> Option<u32> {
         "error.rs" => 0,
         "keys.rs" | "metrics.rs" => 1,
         "backend" => 2,
-        "scripts" => 3,
+        "protocol" => 3,
         "engine" => 4,
         "lib.rs" | "semaphore.rs" | "builder.rs" | "permit.rs" | "client.rs" | "admin.rs"
         | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs"
@@ -249,7 +249,7 @@ fn imports_point_down_and_do_not_loop() {
     );
     // the check sees the imports it is meant to see
     assert!(edges["engine/heartbeat.rs"].contains("engine/table.rs"));
-    assert!(edges["engine/batch.rs"].contains("scripts/mod.rs"));
-    assert!(edges["scripts/mod.rs"].contains("backend/mod.rs"));
+    assert!(edges["engine/batch.rs"].contains("protocol/mod.rs"));
+    assert!(edges["protocol/mod.rs"].contains("backend/mod.rs"));
     assert!(edges["tower.rs"].contains("permit.rs"));
 }

@@ -20,7 +20,7 @@ use common::*;
 use proptest::prelude::*;
 use redis::Value;
 
-const PRELUDE: &str = include_str!("../src/scripts/prelude.lua");
+const PRELUDE: &str = include_str!("../src/protocol/lua/prelude.lua");
 fn script(body: &str) -> redis::Script {
     redis::Script::new(&format!("{PRELUDE}\n{body}"))
 }
@@ -439,13 +439,13 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
         con: client.get_connection().unwrap(),
         keys,
         base,
-        acquire: script(include_str!("../src/scripts/acquire.lua")),
-        release: script(include_str!("../src/scripts/release.lua")),
-        renew: script(include_str!("../src/scripts/renew.lua")),
-        resize: script(include_str!("../src/scripts/resize.lua")),
+        acquire: script(include_str!("../src/protocol/lua/acquire.lua")),
+        release: script(include_str!("../src/protocol/lua/release.lua")),
+        renew: script(include_str!("../src/protocol/lua/renew.lua")),
+        resize: script(include_str!("../src/protocol/lua/resize.lua")),
     };
     // create the semaphore (limit 5), as Semaphore::open does
-    real.call(&script(include_str!("../src/scripts/open.lua")), &[]);
+    real.call(&script(include_str!("../src/protocol/lua/open.lua")), &[]);
     let mut model = Model::new(5);
     let mut next_id = 0;
     let mut ids: Vec<String> = vec![]; // every id ever created, for picking

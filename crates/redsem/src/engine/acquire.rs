@@ -31,7 +31,7 @@ use super::held::Held;
 use super::lease::{LeaseState, deadline_after};
 use super::table::{Outcome, Queued, Waiter};
 use crate::error::{BackendError, Error, NoPermitsReason};
-use crate::scripts::AcquireReply;
+use crate::protocol::AcquireReply;
 
 /// What one acquisition asks for (validated by the public layer).
 pub(crate) struct Ask {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::releaser::Releaser;
 use super::remote::{Calls, Remote};
 use crate::error::CallResult;
-use crate::scripts::{AcquireArgs, AcquireReply, Removal};
+use crate::protocol::{AcquireArgs, AcquireReply, Removal};
 
 /// Most acquisitions sent in one script call.
 const ACQUIRES_PER_CALL: usize = 256;

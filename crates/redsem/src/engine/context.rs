@@ -16,7 +16,7 @@ use super::releaser::{Job, Releaser};
 use super::renewer::Renewer;
 use crate::backend::{Backend, TlsPems, redact_url};
 use crate::error::{BackendError, Error};
-use crate::scripts::Conn;
+use crate::protocol::Conn;
 
 /// A semaphore handle as its client sees it: what [`Context::shutdown`] does to it.
 pub(crate) trait Member: Send + Sync {

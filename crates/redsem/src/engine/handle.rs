@@ -20,7 +20,7 @@ use super::remote::Remote;
 use super::table::{Outcome, Table};
 use crate::error::{Error, LostReason};
 use crate::keys::Keys;
-use crate::scripts::{self, Notice};
+use crate::protocol::{self, Notice};
 
 /// The state one semaphore handle and its clones and permits share. Dropping the last
 /// reference stops the heartbeat and unsubscribes the channel.
@@ -29,7 +29,7 @@ pub(crate) struct Handle {
     /// Acquisitions go through the batching task (see batch.rs).
     pub(super) batch: mpsc::UnboundedSender<batch::Request>,
     /// In-place releases, combined (see batch.rs).
-    pub(super) releases: Arc<batch::Releases<scripts::Conn>>,
+    pub(super) releases: Arc<batch::Releases<protocol::Conn>>,
     pub(crate) remote: Arc<Remote>,
     pub(crate) timing: Timing,
     /// This handle's channel id (it also starts the ids of its holders and waiters).
@@ -53,7 +53,7 @@ impl Drop for Handle {
 
 impl Listener for Handle {
     fn on_message(&self, payload: &str) {
-        for notice in scripts::parse_notices(payload) {
+        for notice in protocol::parse_notices(payload) {
             match notice {
                 Notice::Granted { id, grant } => {
                     self.table.deliver(&id, Outcome::Granted(Box::new(grant)))
@@ -131,12 +131,12 @@ impl Handle {
             None
         } else {
             let mut conn = ctx.conn.clone();
-            let target = scripts::Target {
+            let target = protocol::Target {
                 keys: &keys,
                 limit: s.limit,
                 publish: ctx.publish,
             };
-            let policy = scripts::maxmemory_policy(&mut conn, &target)
+            let policy = protocol::maxmemory_policy(&mut conn, &target)
                 .await
                 .map_err(|e| Error::from_call(e, &s.name))?;
             if let Some(p) = policy.as_deref().filter(|p| p.starts_with("allkeys-")) {
@@ -201,7 +201,7 @@ impl Handle {
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.notifier.subscribe(&channel, listener, &s.name).await?;
         let mut conn = ctx.conn.clone();
-        let opened = scripts::open(&mut conn, &handle.remote.target(), s.create)
+        let opened = protocol::open(&mut conn, &handle.remote.target(), s.create)
             .await
             .map_err(|e| Error::from_call(e, &s.name))?;
         let Some(opened) = opened else {

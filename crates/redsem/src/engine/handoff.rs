@@ -19,7 +19,7 @@ use super::handle::Handle;
 use super::held::Held;
 use super::lease::{LeaseState, deadline_after};
 use crate::error::{BackendError, Error, NoPermitsReason};
-use crate::scripts::{self, EntryState, Grant, Owner, Removal};
+use crate::protocol::{self, EntryState, Grant, Owner, Removal};
 
 impl Handle {
     /// Adopts the holder `id`, granted `grant`, with a lease of `len` (one round trip): it
@@ -49,7 +49,7 @@ impl Handle {
         let mut conn = self.ctx.conn.clone();
         let target = self.remote.target();
         let owner = Owner::Adopt(&self.channel_id);
-        let state = scripts::set_lease(&mut conn, &target, id, len.as_millis() as u64, owner)
+        let state = protocol::set_lease(&mut conn, &target, id, len.as_millis() as u64, owner)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         match state {
@@ -122,7 +122,7 @@ impl Handle {
         let mut conn = self.ctx.conn.clone();
         let target = self.remote.target();
         let ids = [id];
-        let found = scripts::release(&mut conn, &target, &Removal::of(&ids), false)
+        let found = protocol::release(&mut conn, &target, &Removal::of(&ids), false)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
         Ok(found > 0)

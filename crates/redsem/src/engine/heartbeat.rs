@@ -50,7 +50,7 @@ use super::remote::Remote;
 use super::renewer::{Grid, Renewer};
 use super::table::{Entries, Outcome, Table};
 use crate::error::{CallError, LostReason};
-use crate::scripts::{self, Conn, EntryState, RemovedBy, Session};
+use crate::protocol::{self, Conn, EntryState, RemovedBy, Session};
 
 /// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
 /// [`RETRY_MAX`] (and never beyond one renewal interval).
@@ -417,7 +417,7 @@ async fn renew_call(
             Some((replicas, timeout)) => {
                 let target = hb.remote.target();
                 let mut conn = hb.conn.clone();
-                scripts::renew_and_wait(&mut conn, &target, sessions, &ids, replicas, timeout)
+                protocol::renew_and_wait(&mut conn, &target, sessions, &ids, replicas, timeout)
                     .await
                     .map(|(renewal, acked)| {
                         if acked < replicas {

@@ -13,7 +13,7 @@ use super::handle::Handle;
 use super::lease::LeaseState;
 use super::table::LeaseUse;
 use crate::error::{Error, LostReason};
-use crate::scripts::{self, EntryState, Grant};
+use crate::protocol::{self, EntryState, Grant};
 
 /// A granted entry of one acquisition, renewed by the heartbeat while it lives.
 pub(crate) struct Held {
@@ -182,8 +182,8 @@ impl Held {
         let sent = Instant::now();
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
-        let owner = scripts::Owner::Is(&self.handle.channel_id);
-        match scripts::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64, owner).await
+        let owner = protocol::Owner::Is(&self.handle.channel_id);
+        match protocol::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64, owner).await
         {
             Ok(EntryState::Held(g)) if self.lease.is_same_grant(&g) => {
                 self.lease.set_len(len, sent);
@@ -251,11 +251,11 @@ impl Held {
         let mut conn = self.handle.ctx.conn.clone();
         let target = self.handle.remote.target();
         let ids = [self.id.as_str()];
-        let detach = scripts::Removal {
+        let detach = protocol::Removal {
             detach: &ids,
-            ..scripts::Removal::default()
+            ..protocol::Removal::default()
         };
-        match scripts::release(&mut conn, &target, &detach, false).await {
+        match protocol::release(&mut conn, &target, &detach, false).await {
             Ok(_) => {
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,
                     ticket = self.grant.ticket, "exported for a hand-off: detached");

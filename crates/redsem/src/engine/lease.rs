@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::LostReason;
-use crate::scripts::Grant;
+use crate::protocol::Grant;
 
 /// Safety margin taken off a lease before trusting it: a tenth, at most 1 s.
 pub(crate) fn margin(lease: Duration) -> Duration {

@@ -6,7 +6,7 @@
 //! them; it hands back what they wrap.
 //!
 //! Files, each importing only those listed before it (and the layers below the engine:
-//! `scripts`, `backend`, `keys`, `error`, `metrics`):
+//! `protocol`, `backend`, `keys`, `error`, `metrics`):
 //!
 //! | file | what |
 //! |---|---|

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Conn, Sentinel, SubConn};
 use crate::error::{CallError, Error};
-use crate::scripts::explain_denied_subscription;
+use crate::protocol::explain_denied_subscription;
 
 /// What the notifier calls back: one per subscribed channel (a semaphore handle).
 pub(crate) trait Listener: Send + Sync {

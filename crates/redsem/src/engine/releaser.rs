@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::notifier::Notifier;
 use super::remote::{Calls, Remote};
-use crate::scripts::{Conn, Removal};
+use crate::protocol::{Conn, Removal};
 
 /// Work for the releaser.
 pub(crate) enum Job {
@@ -242,7 +242,7 @@ mod tests {
     use super::*;
     use crate::error::{CallError, CallResult};
     use crate::keys::Keys;
-    use crate::scripts::{AcquireArgs, AcquireReply};
+    use crate::protocol::{AcquireArgs, AcquireReply};
 
     /// When a release call was made, and the ids it carried.
     type Call = (Instant, Vec<String>);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::CallResult;
 use crate::keys::Keys;
-use crate::scripts::{self, AcquireArgs, AcquireReply, Conn, Removal, Target};
+use crate::protocol::{self, AcquireArgs, AcquireReply, Conn, Removal, Target};
 
 /// One semaphore in Redis as a handle and its background work address it: its keys, the
 /// last limit seen (mutable: updated by resize, stats and rejections; used to re-create the
@@ -68,7 +68,7 @@ impl Remote {
 /// [`Conn`], or on a stand-in in the engine's unit tests, which then run without a server
 /// (and in paused time).
 pub(crate) trait Calls: Clone + Send + 'static {
-    /// Runs a batch of acquisitions in one `acquire.lua` call ([`scripts::acquire`]).
+    /// Runs a batch of acquisitions in one `acquire.lua` call ([`protocol::acquire`]).
     fn acquire(
         &mut self,
         remote: &Remote,
@@ -76,7 +76,7 @@ pub(crate) trait Calls: Clone + Send + 'static {
     ) -> impl Future<Output = CallResult<Vec<AcquireReply>>> + Send;
 
     /// Removes holders or queued waiters, not forced, detaches holders, and ends the
-    /// sessions that have no entry left ([`scripts::release`]).
+    /// sessions that have no entry left ([`protocol::release`]).
     fn release(
         &mut self,
         remote: &Remote,
@@ -90,7 +90,7 @@ impl Calls for Conn {
         remote: &Remote,
         batch: &[AcquireArgs<'_>],
     ) -> CallResult<Vec<AcquireReply>> {
-        let (replies, free) = scripts::acquire(self, &remote.target(), batch).await?;
+        let (replies, free) = protocol::acquire(self, &remote.target(), batch).await?;
         if let Some(free) = free {
             remote.set_free(free);
         }
@@ -98,6 +98,6 @@ impl Calls for Conn {
     }
 
     async fn release(&mut self, remote: &Remote, removal: &Removal<'_>) -> CallResult<u64> {
-        scripts::release(self, &remote.target(), removal, false).await
+        protocol::release(self, &remote.target(), removal, false).await
     }
 }

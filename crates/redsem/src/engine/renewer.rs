@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::remote::Remote;
 use crate::error::{CallError, CallResult};
-use crate::scripts::{self, Conn, Node, RenewArgs, Renewal, Session};
+use crate::protocol::{self, Conn, Node, RenewArgs, Renewal, Session};
 
 /// Most semaphores renewed by one call (its arguments, and its reply, held in memory at once).
 const SEMAPHORES_PER_CALL: usize = 256;
@@ -90,10 +90,10 @@ pub(crate) trait RenewCalls: Clone + Send + Sync + 'static {
     /// Which renewals may share a call with which ([`Conn::node_of`]).
     fn node_of(&self, remote: &Remote) -> Node;
 
-    /// Renews one semaphore ([`scripts::renew`]).
+    /// Renews one semaphore ([`protocol::renew`]).
     fn renew(&mut self, args: &RenewArgs<'_>) -> impl Future<Output = CallResult<Renewal>> + Send;
 
-    /// Renews several semaphores of one node ([`scripts::renew_many`]): one result each.
+    /// Renews several semaphores of one node ([`protocol::renew_many`]): one result each.
     fn renew_many(
         &mut self,
         batch: &[RenewArgs<'_>],
@@ -106,14 +106,14 @@ impl RenewCalls for Conn {
     }
 
     async fn renew(&mut self, a: &RenewArgs<'_>) -> CallResult<Renewal> {
-        scripts::renew(self, &a.target, a.sessions, a.ids).await
+        protocol::renew(self, &a.target, a.sessions, a.ids).await
     }
 
     async fn renew_many(
         &mut self,
         batch: &[RenewArgs<'_>],
     ) -> CallResult<Vec<CallResult<Renewal>>> {
-        scripts::renew_many(self, batch).await
+        protocol::renew_many(self, batch).await
     }
 }
 
@@ -141,7 +141,7 @@ impl Renewer {
         self.grid
     }
 
-    /// Renews `sessions` of the semaphore `remote` and checks `ids` (as [`scripts::renew`]),
+    /// Renews `sessions` of the semaphore `remote` and checks `ids` (as [`protocol::renew`]),
     /// in a call shared with the other renewals waiting for the same node.
     pub(crate) async fn renew(
         &self,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use super::handle::Handle;
 use super::held::Held;
 use crate::error::{Error, LostReason};
-use crate::scripts::{self, EntryState};
+use crate::protocol::{self, EntryState};
 
 impl Handle {
     /// Returns `permit` once the grant is on enough replicas (at once when synced mode is off).
@@ -29,9 +29,9 @@ impl Handle {
         let mut conn = self.ctx.conn.clone();
         let target = self.remote.target();
         let sessions = self.table.sessions();
-        let sessions: Vec<scripts::Session<'_>> =
+        let sessions: Vec<protocol::Session<'_>> =
             sessions.iter().map(|(s, ms)| (s.as_str(), *ms)).collect();
-        let reply = scripts::renew_and_wait(
+        let reply = protocol::renew_and_wait(
             &mut conn,
             &target,
             &sessions,

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::lease::{Confirmations, LeaseState};
 use super::releaser::Releaser;
 use super::remote::Remote;
-use crate::scripts::Grant;
+use crate::protocol::Grant;
 
 /// How a waiter is resolved.
 pub(crate) enum Outcome {
@@ -43,9 +43,9 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
-    /// Its place in the queue ([`queue_place`](crate::scripts::queue_place)).
+    /// Its place in the queue ([`queue_place`](crate::protocol::queue_place)).
     pub(crate) fn place(self) -> f64 {
-        crate::scripts::queue_place(self.ticket, self.priority)
+        crate::protocol::queue_place(self.ticket, self.priority)
     }
 }
 
@@ -233,7 +233,7 @@ impl Table {
         self.lock()
             .leases
             .keys()
-            .map(|&ms| (crate::scripts::session_id(&self.channel_id, ms), ms))
+            .map(|&ms| (crate::protocol::session_id(&self.channel_id, ms), ms))
             .collect()
     }
 
@@ -249,7 +249,7 @@ impl Table {
             .chain(
                 unused
                     .into_iter()
-                    .map(|ms| crate::scripts::session_id(&self.channel_id, ms)),
+                    .map(|ms| crate::protocol::session_id(&self.channel_id, ms)),
             )
             .collect();
         self.releaser.send(super::releaser::Job::EndSessions {

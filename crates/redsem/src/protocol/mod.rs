@@ -26,7 +26,7 @@ pub(crate) use reply::{
     parse_notices,
 };
 
-const PRELUDE: &str = include_str!("prelude.lua");
+const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// A script and its source (to name what a failing line calls).
 struct Lua {
@@ -115,36 +115,40 @@ impl Lua {
 }
 
 static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("acquire", "", include_str!("acquire.lua")));
-static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new("renew", "", include_str!("renew.lua")));
+    LazyLock::new(|| Lua::new("acquire", "", include_str!("lua/acquire.lua")));
+static RENEW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("renew", "", include_str!("lua/renew.lua")));
 /// `renew.lua` for several semaphores in one call: the prelude, `renew.lua` wrapped as the
 /// function `renew_one`, then the loop over the semaphores (`renew_many.lua`).
 static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
     let renew_one = format!(
         "local function renew_one()\n{}\nend",
-        include_str!("renew.lua")
+        include_str!("lua/renew.lua")
     );
-    Lua::new("renew_many", &renew_one, include_str!("renew_many.lua"))
+    Lua::new("renew_many", &renew_one, include_str!("lua/renew_many.lua"))
 });
-static LEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new("lease", "", include_str!("lease.lua")));
+static LEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("lease", "", include_str!("lua/lease.lua")));
 static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("release", "", include_str!("release.lua")));
-static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!("open.lua")));
-static RESIZE: LazyLock<Lua> = LazyLock::new(|| Lua::new("resize", "", include_str!("resize.lua")));
-static STATS: LazyLock<Lua> = LazyLock::new(|| Lua::new("stats", "", include_str!("stats.lua")));
+    LazyLock::new(|| Lua::new("release", "", include_str!("lua/release.lua")));
+static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!("lua/open.lua")));
+static RESIZE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("resize", "", include_str!("lua/resize.lua")));
+static STATS: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("stats", "", include_str!("lua/stats.lua")));
 
 /// Prepended to a script body for the operator functions: a missing configuration means "no
 /// such semaphore" (nil reply), where the plain scripts would create it.
 const GUARD: &str = "if redis.call('EXISTS', K_CFG) == 0 then return false end";
 
 static STATS_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("stats.lua")));
+    LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("lua/stats.lua")));
 static RESIZE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("resize", GUARD, include_str!("resize.lua")));
+    LazyLock::new(|| Lua::new("resize", GUARD, include_str!("lua/resize.lua")));
 static DELETE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("delete", GUARD, include_str!("delete.lua")));
+    LazyLock::new(|| Lua::new("delete", GUARD, include_str!("lua/delete.lua")));
 static RELEASE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("release.lua")));
+    LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("lua/release.lua")));
 
 /// What a script needs to address one semaphore: its keys, the limit to (re)create it with,
 /// and how grants are published.
@@ -655,7 +659,7 @@ fn unless_nil<T>(v: Value, parse: impl FnOnce(Value) -> CallResult<T>) -> CallRe
 }
 
 /// `fence.lua`: not a semaphore script (no prelude); it checks a fencing token at a resource.
-static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("fence.lua")));
+static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/fence.lua")));
 
 /// Checks the fencing token `(slot, generation)` against the record at `fence_key` and, if
 /// it is current, `SET`s `write`'s key to its value. Returns whether the token was accepted.
