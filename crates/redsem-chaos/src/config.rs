@@ -237,7 +237,8 @@ impl Config {
     /// # Errors
     /// An invalid semaphore name.
     pub fn keys(&self, name: &str) -> Result<[String; 7], redsem::Error> {
-        Ok(redsem::Keys::new(PREFIX, name)?.all)
+        let k = redsem::Keys::new(PREFIX, name)?;
+        Ok(k.in_script_order().map(str::to_owned))
     }
 
     /// The run's lease.

@@ -14,9 +14,9 @@ use std::collections::BTreeSet;
 
 use crate::client::Client;
 use crate::error::{CallResult, Error};
-use crate::keys::Keys;
-use crate::keys::MAX_LIMIT;
 use crate::protocol;
+use crate::protocol::keys::Keys;
+use crate::protocol::keys::MAX_LIMIT;
 use crate::stats::Stats;
 
 impl Client {
@@ -78,7 +78,7 @@ impl Client {
     /// [`Error::UnknownSemaphore`] when it does not exist; otherwise as
     /// [`inspect`](Self::inspect).
     pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
-        crate::keys::check_limit(new_limit.into())?;
+        crate::protocol::keys::check_limit(new_limit.into())?;
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;

@@ -163,7 +163,7 @@ impl SemaphoreBuilder {
 
     fn validate(self) -> Result<(Client, OpenSettings, LimitPolicy), Error> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
-        crate::keys::check_limit(self.limit.into())?;
+        crate::protocol::keys::check_limit(self.limit.into())?;
         check_duration("lease", self.lease)?;
         check_duration("fallback poll interval", self.fallback_poll)?;
         if self.lease < Duration::from_millis(20) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::backend::TlsPems;
 use crate::engine::{ConnectSettings, Context};
 use crate::error::Error;
-use crate::keys::validate_prefix;
+use crate::protocol::keys::validate_prefix;
 
 /// Default key prefix: keys are named `redsem:{<name>}:<suffix>`.
 pub const DEFAULT_PREFIX: &str = "redsem";

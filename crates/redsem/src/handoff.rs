@@ -168,7 +168,7 @@ impl FromStr for HandoffToken {
         if slots.is_empty() || slots.len() != gens.len() {
             return Err(bad("the slots and fences do not match"));
         }
-        crate::keys::validate_name(name)?;
+        crate::protocol::keys::validate_name(name)?;
         let fences = slots
             .into_iter()
             .zip(gens)

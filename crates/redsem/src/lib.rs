@@ -125,7 +125,6 @@ mod protocol;
 mod backend;
 // bottom
 mod error;
-mod keys;
 pub mod metrics;
 
 #[doc(hidden)]
@@ -136,11 +135,20 @@ pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::display_name;
 pub use error::{BackendError, Error, LostReason, NoPermitsReason};
 pub use handoff::HandoffToken;
-/// The key layout, for the crates of this workspace (the chaos suite reads the keys).
-#[doc(hidden)]
-pub use keys::Keys;
-pub use keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
 pub use options::{AcquireOptions, MAX_DURATION, MAX_PRIORITY};
 pub use permit::{Fence, Permit};
+#[doc(hidden)]
+pub use protocol::keys::Keys;
+pub use protocol::keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
 pub use semaphore::{MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, Stats, WaiterInfo};
+
+/// The protocol's rules that the workspace's other crates (the chaos suite's checker and
+/// snapshots) must apply exactly as the library does: imported from here, never re-derived.
+/// Not a public API: no stability promise.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::engine::margin;
+    pub use crate::protocol::ids::session_id;
+    pub use crate::protocol::keys::Keys;
+}

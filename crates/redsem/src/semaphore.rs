@@ -14,7 +14,7 @@ use crate::permit::Permit;
 use crate::protocol;
 use crate::stats::Stats;
 
-pub use crate::keys::MAX_LIMIT;
+pub use crate::protocol::keys::MAX_LIMIT;
 
 /// A fair (FIFO), crash-safe counting semaphore whose permits are shared by every process
 /// that opens it under the same name on the same Redis.
@@ -273,7 +273,7 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`]; connection errors.
     pub async fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
-        crate::keys::check_limit(new_limit.into())?;
+        crate::protocol::keys::check_limit(new_limit.into())?;
         let mut conn = self.handle.ctx.conn.clone();
         let reply = protocol::resize(&mut conn, &self.handle.remote.target(), new_limit)
             .await

@@ -18,7 +18,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -45,13 +44,9 @@ pub(crate) struct Ask {
 }
 
 impl Handle {
-    /// A fresh entry id: `<channel id>-<n>`, unique as the channel id is (random per client,
-    /// numbered per handle) with `n` from a counter of the process (no random number, whose
-    /// `getrandom` system call showed in the client's profile).
+    /// A fresh entry id ([`ids::new_entry_id`](crate::protocol::ids::new_entry_id)).
     fn new_id(&self) -> String {
-        static NEXT_ENTRY: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT_ENTRY.fetch_add(1, Ordering::Relaxed);
-        format!("{}-{n:x}", self.channel_id)
+        crate::protocol::ids::new_entry_id(&self.channel_id)
     }
 
     /// One acquisition, traced (span `redsem.acquire`) and measured (feature `metrics`); in
@@ -127,7 +122,7 @@ impl Handle {
         // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
         // the stored limit, which another process may have raised since this handle last
         // saw it (the reply of a refused request carries the current limit).
-        if n > crate::keys::MAX_LIMIT {
+        if n > crate::protocol::keys::MAX_LIMIT {
             return Err(Error::TooManyPermits {
                 name: self.name().to_owned(),
                 requested: n,

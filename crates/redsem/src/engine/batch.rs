@@ -267,7 +267,7 @@ mod tests {
 
     use super::*;
     use crate::engine::releaser::Job;
-    use crate::keys::Keys;
+    use crate::protocol::keys::Keys;
 
     /// Answers every request `Queued`, with tickets in the order the requests were sent,
     /// after `delay`; records the ids of each call.

@@ -149,10 +149,11 @@ impl Context {
         self.stop.cancel();
     }
 
-    /// A fresh channel id for one opened semaphore handle: `<client id>.<n>`.
+    /// A fresh channel id for one opened semaphore handle
+    /// ([`ids::channel_id`](crate::protocol::ids::channel_id)).
     pub(crate) fn new_channel_id(&self) -> String {
         let n = self.next_channel.fetch_add(1, Ordering::Relaxed);
-        format!("{}.{}", self.id, n)
+        crate::protocol::ids::channel_id(&self.id, n)
     }
 }
 

@@ -19,7 +19,7 @@ use super::releaser::Job;
 use super::remote::Remote;
 use super::table::{Outcome, Table};
 use crate::error::{Error, LostReason};
-use crate::keys::Keys;
+use crate::protocol::keys::Keys;
 use crate::protocol::{self, Notice};
 
 /// The state one semaphore handle and its clones and permits share. Dropping the last

@@ -20,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use crate::error::LostReason;
 use crate::protocol::Grant;
 
-/// Safety margin taken off a lease before trusting it: a tenth, at most 1 s.
-pub(crate) fn margin(lease: Duration) -> Duration {
+/// Safety margin taken off a lease before trusting it: a tenth, at most 1 s. The holder
+/// trusts a lease confirmed at `t` until `t + lease − margin` (see [`deadline_after`]).
+pub fn margin(lease: Duration) -> Duration {
     (lease / 10).min(Duration::from_secs(1))
 }
 

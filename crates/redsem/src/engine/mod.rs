@@ -46,3 +46,4 @@ pub(crate) use context::{ConnectSettings, Context};
 pub(crate) use handle::{Handle, OpenSettings, OtherLimit};
 pub(crate) use held::Held;
 pub(crate) use lease::Timing;
+pub use lease::margin;

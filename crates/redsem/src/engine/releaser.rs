@@ -241,7 +241,7 @@ mod tests {
 
     use super::*;
     use crate::error::{CallError, CallResult};
-    use crate::keys::Keys;
+    use crate::protocol::keys::Keys;
     use crate::protocol::{AcquireArgs, AcquireReply};
 
     /// When a release call was made, and the ids it carried.

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::CallResult;
-use crate::keys::Keys;
+use crate::protocol::keys::Keys;
 use crate::protocol::{self, AcquireArgs, AcquireReply, Conn, Removal, Target};
 
 /// One semaphore in Redis as a handle and its background work address it: its keys, the

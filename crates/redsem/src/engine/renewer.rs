@@ -102,7 +102,7 @@ pub(crate) trait RenewCalls: Clone + Send + Sync + 'static {
 
 impl RenewCalls for Conn {
     fn node_of(&self, remote: &Remote) -> Node {
-        Conn::node_of(self, &remote.keys.all[0])
+        Conn::node_of(self, &remote.keys.cfg)
     }
 
     async fn renew(&mut self, a: &RenewArgs<'_>) -> CallResult<Renewal> {
@@ -273,7 +273,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::keys::Keys;
+    use crate::protocol::keys::Keys;
 
     /// The calls made: whether each was a `renew_many` call, and its semaphores.
     type Log = Arc<Mutex<Vec<(bool, Vec<String>)>>>;

@@ -233,7 +233,7 @@ impl Table {
         self.lock()
             .leases
             .keys()
-            .map(|&ms| (crate::protocol::session_id(&self.channel_id, ms), ms))
+            .map(|&ms| (crate::protocol::ids::session_id(&self.channel_id, ms), ms))
             .collect()
     }
 
@@ -249,7 +249,7 @@ impl Table {
             .chain(
                 unused
                     .into_iter()
-                    .map(|ms| crate::protocol::session_id(&self.channel_id, ms)),
+                    .map(|ms| crate::protocol::ids::session_id(&self.channel_id, ms)),
             )
             .collect();
         self.releaser.send(super::releaser::Job::EndSessions {

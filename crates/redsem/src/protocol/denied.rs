@@ -9,7 +9,7 @@
 use redis::RedisError;
 
 use crate::error::CallError;
-use crate::keys::Keys;
+use crate::protocol::keys::Keys;
 
 /// Rewrites an ACL refusal of the script `script` (named `name`) on `keys` so that it names
 /// what the user lacks; any other error is passed on.

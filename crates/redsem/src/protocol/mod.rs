@@ -10,6 +10,8 @@
 //! typed reply or a [`CallError`].
 
 mod denied;
+pub(crate) mod ids;
+pub(crate) mod keys;
 mod reply;
 
 use std::sync::LazyLock;
@@ -19,7 +21,7 @@ use redis::{Script, Value};
 pub(crate) use crate::backend::Conn;
 pub(crate) use crate::backend::Node;
 use crate::error::{CallError, CallResult};
-use crate::keys::Keys;
+use crate::protocol::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
 pub(crate) use reply::{
     AcquireReply, EntryState, Grant, Notice, Opened, RemovedBy, Renewal, ResizeReply, StatsReply,
@@ -60,7 +62,7 @@ impl Lua {
         args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
     ) -> CallResult<Value> {
         let mut inv = self.script.prepare_invoke();
-        for k in &t.keys.all {
+        for k in t.keys.in_script_order() {
             inv.key(k);
         }
         inv.arg(t.limit).arg(&t.keys.channel_base).arg(t.publish);
@@ -92,7 +94,7 @@ impl Lua {
             let mut pipe = redis::pipe();
             pipe.ignore_errors().add_command(evalsha);
             then(&mut pipe);
-            let values = conn.pipeline_on_key(&t.keys.all[0], &pipe).await?;
+            let values = conn.pipeline_on_key(&t.keys.cfg, &pipe).await?;
             match values.first() {
                 Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && attempt == 0 => {
                     self.load(conn).await?;
@@ -213,11 +215,6 @@ pub(crate) async fn acquire(
 /// A session to renew: its id (`<channel id>~<lease ms>`) and lease in ms.
 pub(crate) type Session<'a> = (&'a str, u64);
 
-/// The id of the session of the client handle `channel_id` for leases of `lease_ms`.
-pub(crate) fn session_id(channel_id: &str, lease_ms: u64) -> String {
-    format!("{channel_id}~{lease_ms}")
-}
-
 /// Renews the listed sessions (whose entries live on with them) and checks the listed
 /// entries (never re-creates one). Returns the time to the nearest lease expiry, one state
 /// per id, the free permits and limit seen, which sessions had a lease, the head of the
@@ -251,7 +248,8 @@ async fn renew_then(
             conn,
             t,
             |cmd| {
-                cmd.arg(t.keys.all.len()).arg(&t.keys.all[..]);
+                let keys = t.keys.in_script_order();
+                cmd.arg(keys.len()).arg(&keys[..]);
                 renew_args(cmd, &a);
             },
             then,
@@ -298,9 +296,9 @@ pub(crate) async fn renew_many(
             conn,
             &first.target,
             |cmd| {
-                cmd.arg(batch.iter().map(|a| a.target.keys.all.len()).sum::<usize>());
+                cmd.arg(batch.len() * 7);
                 for a in batch {
-                    cmd.arg(&a.target.keys.all[..]);
+                    cmd.arg(&a.target.keys.in_script_order()[..]);
                 }
                 cmd.arg(batch.len());
                 for a in batch {
@@ -465,7 +463,7 @@ pub(crate) async fn maxmemory_policy(
     let mut pipe = redis::pipe();
     pipe.cmd("INFO").arg("memory");
     let values = conn
-        .pipeline_on_key(&t.keys.all[0], &pipe)
+        .pipeline_on_key(&t.keys.cfg, &pipe)
         .await
         .map_err(CallError::Redis)?;
     let text = match values.first() {

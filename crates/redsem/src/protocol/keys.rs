@@ -50,10 +50,20 @@ pub fn check_limit(limit: i64) -> Result<u32, Error> {
 #[doc(hidden)]
 pub struct Keys {
     pub(crate) name: String,
-    /// The seven keys, in the order every script expects them (see `protocol/lua/prelude.lua`):
-    /// `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `own`.
-    #[doc(hidden)]
-    pub all: [String; 7],
+    /// `cfg`: the configuration hash (limit, version, counters).
+    pub cfg: String,
+    /// `queue`: the waiting entries, scored by place.
+    pub queue: String,
+    /// `exp`: the session leases, scored by expiry.
+    pub exp: String,
+    /// `meta`: id → the record of a holder or waiter.
+    pub meta: String,
+    /// `slots`: slot number → id of its holder.
+    pub slots: String,
+    /// `free`: the free slot numbers.
+    pub free: String,
+    /// `own`: the index of each session's entries.
+    pub own: String,
     /// Prefix of the per-handle notification channels; a handle appends its channel id.
     pub(crate) channel_base: String,
 }
@@ -67,17 +77,30 @@ impl Keys {
         let k = |suffix: &str| format!("{base}{suffix}");
         Ok(Keys {
             name: name.to_owned(),
-            all: [
-                k("cfg"),
-                k("queue"),
-                k("exp"),
-                k("meta"),
-                k("slots"),
-                k("free"),
-                k("own"),
-            ],
+            cfg: k("cfg"),
+            queue: k("queue"),
+            exp: k("exp"),
+            meta: k("meta"),
+            slots: k("slots"),
+            free: k("free"),
+            own: k("own"),
             channel_base: k("c:"),
         })
+    }
+
+    /// The seven keys in the order every script takes them as `KEYS` (the prelude's `K_CFG`
+    /// … `K_OWN`): `cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `own`. The one place that
+    /// order is written in Rust.
+    pub fn in_script_order(&self) -> [&str; 7] {
+        [
+            &self.cfg,
+            &self.queue,
+            &self.exp,
+            &self.meta,
+            &self.slots,
+            &self.free,
+            &self.own,
+        ]
     }
 
     /// The notification channel of the handle whose channel id is `channel_id`.
@@ -134,7 +157,7 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let k = Keys::new("redsem", "gpu").unwrap();
-        for key in &k.all {
+        for key in k.in_script_order() {
             assert!(key.starts_with("redsem:{gpu}:"), "{key}");
         }
         assert_eq!(k.channel("abc"), "redsem:{gpu}:c:abc");
@@ -184,7 +207,7 @@ mod tests {
     /// The scripts' protocol version (prelude.lua) is the one this crate announces.
     #[test]
     fn the_protocol_version_is_the_scripts() {
-        let prelude = include_str!("protocol/lua/prelude.lua");
+        let prelude = include_str!("lua/prelude.lua");
         assert!(
             prelude.contains(&format!("\nlocal PROTOCOL = {PROTOCOL_VERSION}\n")),
             "prelude.lua's PROTOCOL differs from PROTOCOL_VERSION"
