@@ -114,6 +114,7 @@ fn imports_point_down_and_do_not_loop() {
         let Some(rest) = line.trim().strip_prefix("pub use ") else {
             continue;
         };
+        let rest = rest.strip_prefix("crate::").unwrap_or(rest);
         let module = segments(rest)[0].clone();
         let file = resolve(&files, "", std::slice::from_ref(&module)).unwrap();
         let names = rest.split_once('{').map_or(rest, |(_, n)| n);
