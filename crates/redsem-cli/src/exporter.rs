@@ -115,7 +115,7 @@ pub fn render(stats: &[redsem::Stats], up: u8, failed: usize, took: Duration) ->
         "redsem_semaphore_holders",
         "gauge",
         "Holders (acquisitions) holding permits now.",
-        &|s| s.holders.len().to_string(),
+        &|s| s.holder_count.to_string(),
     );
     family(
         "redsem_semaphore_permits_in_use",
@@ -127,12 +127,12 @@ pub fn render(stats: &[redsem::Stats], up: u8, failed: usize, took: Duration) ->
         "redsem_semaphore_waiters",
         "gauge",
         "Acquisitions queued now.",
-        &|s| s.waiters.len().to_string(),
+        &|s| s.waiter_count.to_string(),
     );
     family(
         "redsem_semaphore_waiting_permits",
         "gauge",
-        "Permits requested by the queued acquisitions.",
+        "Permits requested by the queued acquisitions (the first 100 of the queue).",
         &|s| {
             s.waiters
                 .iter()

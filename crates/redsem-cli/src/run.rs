@@ -200,9 +200,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             let busy = match client.inspect(&name).await {
                 Ok(s) => format!(
                     "; {} of {} permits in use, {} waiting",
-                    s.in_use,
-                    s.limit,
-                    s.waiters.len()
+                    s.in_use, s.limit, s.waiter_count
                 ),
                 Err(_) => String::new(),
             };
@@ -461,12 +459,18 @@ fn progress_line(
     waited: Duration,
 ) -> String {
     let place = match me {
-        Some(w) if w.position == 0 => format!("next in the queue of {}", s.waiters.len()),
+        Some(w) if w.position == 0 => format!("next in the queue of {}", s.waiter_count),
         Some(w) => format!(
             "position {} of {} in the queue ({} ahead)",
             w.position + 1,
-            s.waiters.len(),
+            s.waiter_count,
             w.position
+        ),
+        // (the snapshot lists the head of the queue only)
+        None if s.waiter_count > s.waiters.len() => format!(
+            "behind the first {} of the {} in the queue",
+            s.waiters.len(),
+            s.waiter_count
         ),
         None => "not queued yet".to_owned(),
     };
@@ -485,8 +489,8 @@ fn progress_line(
                     )
                 })
                 .collect();
-            if hs.len() > 3 {
-                names.push(format!("{} more", hs.len() - 3));
+            if s.holder_count > 3 {
+                names.push(format!("{} more", s.holder_count.max(hs.len()) - 3));
             }
             format!("held by {}", names.join(", "))
         }

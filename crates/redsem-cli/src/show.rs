@@ -39,8 +39,8 @@ pub fn render_stats(s: &redsem::Stats) -> String {
         s.limit,
         s.in_use,
         s.available,
-        s.holders.len(),
-        s.waiters.len(),
+        s.holder_count,
+        s.waiter_count,
         match s.oldest_wait() {
             Some(w) => format!(", oldest wait {}", fmt_dur(w)),
             None => String::new(),
@@ -81,6 +81,13 @@ pub fn render_stats(s: &redsem::Stats) -> String {
             &["ID", "PERMITS", "SLOT:FENCE", "HELD", "LEASE LEFT", "LABEL"],
             &rows,
         ));
+        if s.holder_count > s.holders.len() {
+            let _ = writeln!(
+                out,
+                "… and {} more holder(s), not listed",
+                s.holder_count - s.holders.len()
+            );
+        }
     }
     out.push('\n');
     if s.waiters.is_empty() {
@@ -118,6 +125,13 @@ pub fn render_stats(s: &redsem::Stats) -> String {
             &["POS", "ID", "PERMITS", "TICKET", "WAITED", "LABEL"]
         };
         out.push_str(&table(head, &rows));
+        if s.waiter_count > s.waiters.len() {
+            let _ = writeln!(
+                out,
+                "… and {} more waiter(s) behind them, not listed",
+                s.waiter_count - s.waiters.len()
+            );
+        }
     }
     out
 }
@@ -159,8 +173,8 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
                 limit: s.limit,
                 in_use: s.in_use,
                 available: s.available,
-                holders: s.holders.len(),
-                waiters: s.waiters.len(),
+                holders: s.holder_count,
+                waiters: s.waiter_count,
                 grants_total: s.grants_total,
                 expired_total: s.expired_total,
             }),

@@ -86,8 +86,7 @@ impl Watcher {
             let _ = writeln!(
                 out,
                 "WARNING: {} waiter(s) stay queued while {} permit(s) are free ({why})",
-                s.waiters.len(),
-                s.available
+                s.waiter_count, s.available
             );
         }
         let state = if s.in_use < s.limit {
@@ -106,20 +105,25 @@ impl Watcher {
                 "WARNING: the head of the queue has waited {} (over --alert-after {}), {} waiting ({state})",
                 fmt_dur(head.waited),
                 fmt_dur(alert_after),
-                s.waiters.len()
+                s.waiter_count
             );
         }
-        if let Some(w) = s.waiters.get(s.limit as usize) {
+        if s.waiter_count > s.limit as usize {
             // The queue has been longer than the limit at least since the (limit + 1)-th
             // waiter joined it (those before it still wait, so they waited then too), and
-            // at least since this watch first saw it so.
+            // at least since this watch first saw it so. (Beyond the waiters listed, only
+            // the latter is known.)
+            let joined = s
+                .waiters
+                .get(s.limit as usize)
+                .map_or(Duration::ZERO, |w| w.waited);
             let seen = *self.above_limit_since.get_or_insert(now);
-            let lasted = now.duration_since(seen).max(w.waited);
+            let lasted = now.duration_since(seen).max(joined);
             if lasted >= alert_after {
                 let _ = writeln!(
                     out,
                     "WARNING: the queue ({}) has stayed above the limit ({}) for {} ({state})",
-                    s.waiters.len(),
+                    s.waiter_count,
                     s.limit,
                     fmt_dur(lasted)
                 );

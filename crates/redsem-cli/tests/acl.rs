@@ -9,7 +9,7 @@ use common::*;
 /// shows it, and that every permission in it is needed).
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
-+time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hvals +hgetall +info +pttl +pexpire \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
 

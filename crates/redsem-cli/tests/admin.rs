@@ -60,12 +60,14 @@ fn stats_json_schema() {
             "available",
             "expired_total",
             "grants_total",
+            "holder_count",
             "holders",
             "in_use",
             "limit",
             "name",
             "repairs_total",
             "server_time_ms",
+            "waiter_count",
             "waiters"
         ]
     );

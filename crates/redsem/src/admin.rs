@@ -64,7 +64,8 @@ impl Client {
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply = protocol::stats_existing(&mut conn, &keys, publish).await;
+        let reply =
+            protocol::stats_existing(&mut conn, &keys, publish, crate::stats::STATS_LISTED).await;
         Ok(Stats::from_reply(name, self.existing(&keys, reply)?))
     }
 
@@ -158,7 +159,7 @@ impl Client {
     /// [`purge_keys`](Self::purge_keys)).
     ///
     /// # Cost
-    /// One script call, O(entries + limit).
+    /// One script call, O(entries).
     ///
     /// # Errors
     /// [`Error::InUse`] as above; [`Error::UnknownSemaphore`] when it does not exist;

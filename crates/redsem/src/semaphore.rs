@@ -243,16 +243,21 @@ impl Semaphore {
         self.acquire().await?.run(work).await
     }
 
-    /// A consistent snapshot of the semaphore in Redis: limit, permits in use, every holder
-    /// and waiter. One round trip; its size grows with holders and waiters.
+    /// A consistent snapshot of the semaphore in Redis: limit, permits in use, how many hold
+    /// and wait, and the first [`STATS_LISTED`](crate::STATS_LISTED) holders and waiters.
+    /// One round trip, of a bounded cost whatever the queue and the limit.
     ///
     /// # Errors
     /// Connection and permission errors.
     pub async fn stats(&self) -> Result<Stats, Error> {
         let mut conn = self.handle.ctx.conn.clone();
-        let reply = protocol::stats(&mut conn, &self.handle.remote.target())
-            .await
-            .map_err(|e| Error::from_call(e, self.name()))?;
+        let reply = protocol::stats(
+            &mut conn,
+            &self.handle.remote.target(),
+            crate::stats::STATS_LISTED,
+        )
+        .await
+        .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(reply.limit);
         self.handle
             .remote

@@ -7,8 +7,16 @@ use serde::Serialize;
 use crate::permit::Fence;
 use crate::protocol::StatsReply;
 
+/// At most this many holders and this many waiters are listed in a [`Stats`] (the counts,
+/// [`Stats::holder_count`] and [`Stats::waiter_count`], are of all of them), so that taking a
+/// snapshot costs Redis the same whatever the length of the queue and the limit.
+pub const STATS_LISTED: usize = 100;
+
 /// A consistent snapshot of one semaphore, taken by one script run (expired entries are
 /// reaped first, so every holder listed has a valid lease).
+///
+/// Its cost is bounded: it counts every holder and waiter, and lists at most
+/// [`STATS_LISTED`] of each (the first waiters of the queue).
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct Stats {
@@ -20,10 +28,17 @@ pub struct Stats {
     pub in_use: u32,
     /// Permits free now (`limit − in_use`, 0 while over a shrunk limit).
     pub available: u32,
-    /// Holders, oldest acquisition first.
+    /// Holders, oldest acquisition first: all of them, or [`STATS_LISTED`] of them when there
+    /// are more ([`holder_count`](Self::holder_count) counts them all).
     pub holders: Vec<HolderInfo>,
-    /// Waiters, in queue (FIFO) order.
+    /// Waiters, in queue (FIFO) order: the first [`STATS_LISTED`] of the queue
+    /// ([`waiter_count`](Self::waiter_count) counts them all).
     pub waiters: Vec<WaiterInfo>,
+    /// How many entries hold permits (each may hold several: see
+    /// [`in_use`](Self::in_use)), listed or not.
+    pub holder_count: usize,
+    /// How many requests are queued, listed or not.
+    pub waiter_count: usize,
     /// Grants made since the semaphore was created.
     pub grants_total: u64,
     /// Entries (holders and waiters) removed because their lease expired, since creation.
@@ -31,7 +46,7 @@ pub struct Stats {
     /// Times the scripts found the semaphore's keys inconsistent (a key evicted, deleted or
     /// restored apart from the others) and repaired them from what survived. Non-zero means
     /// Redis lost some of the semaphore's data: check `maxmemory-policy` and persistence.
-    /// Taking this snapshot checks the keys too (O(limit + entries)).
+    /// Every script call checks the keys for a loss in O(1).
     pub repairs_total: u64,
     /// Redis server time of the snapshot, in milliseconds since the Unix epoch.
     pub server_time_ms: u64,
@@ -124,7 +139,7 @@ impl Stats {
             })
             .collect();
         holders.sort_by_key(|h| std::cmp::Reverse(h.held));
-        let waiters = reply
+        let waiters: Vec<WaiterInfo> = reply
             .waiters
             .into_iter()
             .enumerate()
@@ -140,6 +155,8 @@ impl Stats {
             })
             .collect();
         Stats {
+            holder_count: (reply.holder_count as usize).max(holders.len()),
+            waiter_count: (reply.waiter_count as usize).max(waiters.len()),
             name: name.to_owned(),
             limit: reply.limit,
             in_use: reply.in_use,

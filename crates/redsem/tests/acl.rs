@@ -11,13 +11,15 @@ use test_support::{Cluster, ClusterOptions, Server, ServerOptions, flavors};
 /// the documentation shows exactly this.
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
 +evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
-+time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hvals +hgetall +info +pttl +pexpire \
++time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
 
-/// Commands of the rule that only a cluster, Sentinel, synced mode or a dropped handle use:
-/// the standalone scenario below cannot show that each is needed.
+/// Commands of the rule that only a cluster, Sentinel, synced mode, a dropped handle or the
+/// repair of a lost key (`hgetall`) use: the standalone scenario below cannot show that each
+/// is needed.
 const NOT_IN_SCENARIO: &[&str] = &[
+    "hgetall",
     "ssubscribe",
     "sunsubscribe",
     "spublish",

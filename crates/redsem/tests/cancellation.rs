@@ -206,14 +206,14 @@ impl Sweep<'_> {
         let (server, name) = (self.server, self.name);
         let clean = || {
             entries(server, name) == [0, 0, 0, 0]
-                && card(server, name, "free") == i64::from(self.limit)
+                && free_slots(server, name) == i64::from(self.limit)
                 && self.sem.local_counts() == (0, 0)
         };
         assert!(
             eventually(self.within, clean).await,
             "{what}: (slots, queue, leases, records) = {:?}, free slots {}, local (holders, waiters) {:?}",
             entries(server, name),
-            card(server, name, "free"),
+            free_slots(server, name),
             self.sem.local_counts()
         );
     }

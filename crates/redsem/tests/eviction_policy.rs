@@ -60,16 +60,16 @@ async fn a_volatile_policy_is_refused_only_while_a_key_carries_a_ttl() {
         // redsem's keys carry no TTL: nothing to evict
         let sem = open(&client, "vol", 2, Duration::from_secs(5)).await;
         drop(sem);
-        server.cmd(&["PEXPIRE", "redsem:{vol}:free", "600000"]);
+        server.cmd(&["PEXPIRE", "redsem:{vol}:cfg", "600000"]);
         let err = client.semaphore("vol", 2).open().await.unwrap_err();
         match &err {
             Error::EvictingPolicy { policy, detail, .. } => {
                 assert_eq!(policy, "volatile-lru");
-                assert!(detail.contains("redsem:{vol}:free"), "{detail}");
+                assert!(detail.contains("redsem:{vol}:cfg"), "{detail}");
             }
             other => panic!("{flavor}: {other:?}"),
         }
-        server.cmd(&["PERSIST", "redsem:{vol}:free"]);
+        server.cmd(&["PERSIST", "redsem:{vol}:cfg"]);
         client.semaphore("vol", 2).open().await.unwrap();
     }
 }

@@ -399,7 +399,7 @@ async fn a_semaphore_of_another_protocol_version_is_refused_by_both() {
     let client = client(&server).await;
     let sem = open(&client, "future", 2, Duration::from_secs(5)).await;
     // A newer client created it (simulated): every script refuses to touch it.
-    server.cmd(&["HSET", "redsem:{future}:cfg", "ver", "4"]);
+    server.cmd(&["HSET", "redsem:{future}:cfg", "ver", "5"]);
     let err = sem.acquire().await.unwrap_err();
     assert!(
         matches!(&err, redsem::Error::ProtocolMismatch { name, .. } if name == "future"),
@@ -407,7 +407,7 @@ async fn a_semaphore_of_another_protocol_version_is_refused_by_both() {
     );
     assert_eq!(
         err.to_string(),
-        "semaphore \"future\": semaphore uses redsem protocol version 4, this client speaks version 3: \
+        "semaphore \"future\": semaphore uses redsem protocol version 5, this client speaks version 4: \
          use a client that speaks it"
     );
     assert_eq!(card(&server, "future", "queue"), 0, "nothing was written");
@@ -422,5 +422,5 @@ async fn a_semaphore_of_another_protocol_version_is_refused_by_both() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol version 4"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("protocol version 5"));
 }

@@ -177,15 +177,19 @@ async fn losing_any_two_keys_never_raises_the_limit_once_holders_had_a_renewal()
     }
 }
 
-/// The reproduction of the issue: two holders at limit 3, `free` deleted (what eviction
-/// does), four more try: exactly one gets in, with a slot, and stats count the repair.
+/// The reproduction of the issue: two holders at limit 3, the free slot listed in `free`
+/// (slot 0, given back below the high-water mark), `free` deleted (what eviction does), four
+/// more try: exactly one gets in, with the forgotten slot, and stats count the repair.
 #[tokio::test]
 async fn an_evicted_free_set_is_repaired_before_any_grant() {
     for server in servers() {
         let client = client(&server).await;
         let sem = open(&client, "ev", 3, Duration::from_secs(10)).await;
+        let first = sem.acquire().await.unwrap();
         let a = sem.acquire().await.unwrap();
         let b = sem.acquire().await.unwrap();
+        first.release().await.unwrap();
+        assert_eq!(card(&server, "ev", "free"), 1, "slot 0 is listed free");
         server.cmd(&["DEL", "redsem:{ev}:free"]);
         let mut more = vec![];
         for _ in 0..4 {

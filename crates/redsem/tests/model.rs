@@ -405,7 +405,13 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
         })
         .collect();
     let queue: Vec<String> = r.con.zrange(&r.keys[1], 0, -1).unwrap();
-    let free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
+    // the free slots: those listed, and the unlisted ones from the high-water mark up to
+    // the limit
+    let mut free: Vec<u32> = r.con.zrange(&r.keys[5], 0, -1).unwrap();
+    let limit: Option<u32> = r.con.hget(&r.keys[0], "limit").unwrap();
+    let hw: Option<u32> = r.con.hget(&r.keys[0], "hw").unwrap();
+    free.extend(hw.unwrap_or(0)..limit.unwrap_or(0));
+    free.sort();
     (holders, queue, free)
 }
 

@@ -10,15 +10,9 @@ use common::*;
 
 /// Calls per command since the last CONFIG RESETSTAT.
 fn commandstats(server: &Server) -> HashMap<String, u64> {
-    let info = server.cmd(&["INFO", "commandstats"]);
-    let text = info.as_str().unwrap().to_owned();
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("cmdstat_")?;
-            let (name, fields) = rest.split_once(':')?;
-            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
+    command_stats(server)
+        .into_iter()
+        .map(|(name, (calls, _))| (name, calls))
         .collect()
 }
 

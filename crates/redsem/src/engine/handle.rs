@@ -127,27 +127,6 @@ impl Handle {
     /// it, with [`OtherLimit::Adopt`]), and starts the heartbeat.
     pub(crate) async fn open(ctx: Arc<Context>, s: OpenSettings) -> Result<Arc<Handle>, Error> {
         let keys = Keys::new(&ctx.prefix, &s.name)?;
-        let policy = if s.allow_evicting_policy {
-            None
-        } else {
-            let mut conn = ctx.conn.clone();
-            let target = protocol::Target {
-                keys: &keys,
-                limit: s.limit,
-                publish: ctx.publish,
-            };
-            let policy = protocol::maxmemory_policy(&mut conn, &target)
-                .await
-                .map_err(|e| Error::from_call(e, &s.name))?;
-            if let Some(p) = policy.as_deref().filter(|p| p.starts_with("allkeys-")) {
-                return Err(Error::EvictingPolicy {
-                    name: s.name,
-                    policy: p.to_owned(),
-                    detail: "it evicts any key under memory pressure".into(),
-                });
-            }
-            policy
-        };
         let channel_id = ctx.new_channel_id();
         let channel = keys.channel(&channel_id);
         let remote = Arc::new(Remote::new(keys, s.limit, ctx.publish));
@@ -199,11 +178,26 @@ impl Handle {
         let member: std::sync::Weak<Handle> = Arc::downgrade(&handle);
         ctx.join(member, &s.name)?;
         let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
-        ctx.notifier.subscribe(&channel, listener, &s.name).await?;
+        // The subscription and open.lua at once: one round trip's wait. Both are done before
+        // the handle can acquire, and open.lua grants nothing to a handle that has no waiter.
+        // open.lua checks the maxmemory-policy before it writes anything.
         let mut conn = ctx.conn.clone();
-        let opened = protocol::open(&mut conn, &handle.remote.target(), s.create)
-            .await
-            .map_err(|e| Error::from_call(e, &s.name))?;
+        let target = handle.remote.target();
+        let (subscribed, opened) = tokio::join!(
+            ctx.notifier.subscribe(&channel, listener, &s.name),
+            protocol::open(&mut conn, &target, s.create, !s.allow_evicting_policy),
+        );
+        if let Ok(Some(o)) = &opened
+            && o.refused
+        {
+            return Err(Error::EvictingPolicy {
+                name: s.name,
+                policy: o.policy.clone().unwrap_or_default(),
+                detail: "it evicts any key under memory pressure".into(),
+            });
+        }
+        subscribed?;
+        let opened = opened.map_err(|e| Error::from_call(e, &s.name))?;
         let Some(opened) = opened else {
             return Err(Error::UnknownSemaphore {
                 name: s.name,
@@ -212,6 +206,7 @@ impl Handle {
         };
         let (stored, created, with_ttl) = (opened.limit, opened.created, opened.with_ttl);
         handle.remote.set_free(opened.free);
+        let policy = opened.policy;
         if let (Some(p), Some(key)) = (policy.filter(|p| p.starts_with("volatile-")), with_ttl) {
             return Err(Error::EvictingPolicy {
                 name: s.name,

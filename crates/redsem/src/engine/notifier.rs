@@ -95,14 +95,30 @@ impl Notifier {
             .lock()
             .unwrap()
             .insert(channel.to_owned(), listener);
-        let mut conn = self.conn();
-        let result = match tokio::time::timeout(self.response_timeout, conn.subscribe(channel))
-            .await
-        {
-            Ok(r) => r.map_err(|e| explain_denied_subscription(e, channel)),
-            Err(_) => Err(CallError::Redis(redis::RedisError::from(
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "no subscription confirmation"),
-            ))),
+        // A subscriber connection found broken (killed, reset) is being replaced: the
+        // subscription is tried again on the new one, within the response timeout.
+        let deadline = tokio::time::Instant::now() + self.response_timeout;
+        let mut delay = Duration::from_millis(20);
+        let result = loop {
+            let mut conn = self.conn();
+            match tokio::time::timeout_at(deadline, conn.subscribe(channel)).await {
+                Ok(Err(e))
+                    if (e.is_io_error() || e.is_connection_dropped())
+                        && tokio::time::Instant::now() + delay < deadline =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Ok(r) => break r.map_err(|e| explain_denied_subscription(e, channel)),
+                Err(_) => {
+                    break Err(CallError::Redis(redis::RedisError::from(
+                        std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no subscription confirmation",
+                        ),
+                    )));
+                }
+            }
         };
         if let Err(e) = result {
             self.routes.lock().unwrap().remove(channel);

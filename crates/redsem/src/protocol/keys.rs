@@ -6,12 +6,12 @@
 //!
 //! | suffix | type | content |
 //! |---|---|---|
-//! | `cfg` | hash | `limit`, `ver`, `seq` (ticket counter), `gen` (last fence generation), `grants`, `expired`, `repairs` |
+//! | `cfg` | hash | `limit`, `ver`, `seq` (ticket counter), `gen` (last fence generation), `grants`, `expired`, `repairs`, `qlen`, `hw` (the slots' high-water mark) |
 //! | `queue` | sorted set | waiting tickets, scored by ticket number (FIFO order) |
 //! | `exp` | sorted set | session leases (one per client handle and lease length), scored by expiry (ms, Redis `TIME`) |
 //! | `meta` | hash | id → JSON record of the holder or waiter |
 //! | `slots` | hash | slot number → id of its holder |
-//! | `free` | sorted set | free slot numbers below the limit |
+//! | `free` | sorted set | free slot numbers below the limit and the high-water mark `cfg.hw` (those above it are free, unlisted) |
 //! | `own` | sorted set | the entries of each session (`<session>\|<id>`, a lexicographic index) |
 //! | `c:<channel id>` | channel | grants for the waiters of one semaphore handle (a client's id and a per-handle number) |
 
@@ -20,13 +20,14 @@ use crate::error::Error;
 /// Longest accepted semaphore name, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
 
-/// Largest accepted limit. The slot numbers `0..limit` are materialised in Redis.
+/// Largest accepted limit. (The free slot numbers are not all listed in Redis: an idle
+/// semaphore costs the same whatever its limit.)
 pub const MAX_LIMIT: u32 = 100_000;
 
 /// The version of the redsem protocol (docs/PROTOCOL.md) this crate's scripts speak, as
 /// stored in each semaphore's `cfg` hash (`ver`). Clients of different protocol versions
 /// refuse each other's semaphores ([`Error::ProtocolMismatch`]).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Checks a limit: 1 to [`MAX_LIMIT`], and returns it. Every path that takes a limit
 /// (opening, resizing, the CLI's `--limit` and `redsem limit`) checks it here, so that the

@@ -439,44 +439,22 @@ pub(crate) async fn release(
 /// Checks key types, creates the semaphore if missing; returns the stored limit, whether it
 /// was created, a key with a TTL, and the free permits.
 /// Runs `open.lua`; `None` when the semaphore does not exist and `create` is false (then
-/// nothing was written).
+/// nothing was written). With `check_policy`, the script first reads the server's
+/// `maxmemory-policy` (`INFO memory`, allowed to users that may not run `CONFIG GET`) and
+/// refuses one that evicts any key before it writes anything ([`Opened::refused`]).
 pub(crate) async fn open(
     conn: &mut Conn,
     t: &Target<'_>,
     create: bool,
+    check_policy: bool,
 ) -> CallResult<Option<Opened>> {
     let v = OPEN
         .run(conn, t, |inv| {
-            inv.arg(if create { "1" } else { "0" });
+            inv.arg(if create { "1" } else { "0" })
+                .arg(if check_policy { "1" } else { "0" });
         })
         .await?;
     reply::open(&v)
-}
-
-/// The `maxmemory-policy` of the server that holds the semaphore's keys, read from
-/// `INFO memory` (allowed to users that may not run `CONFIG GET`). `None` when the server
-/// does not report it.
-pub(crate) async fn maxmemory_policy(
-    conn: &mut Conn,
-    t: &Target<'_>,
-) -> CallResult<Option<String>> {
-    let mut pipe = redis::pipe();
-    pipe.cmd("INFO").arg("memory");
-    let values = conn
-        .pipeline_on_key(&t.keys.cfg, &pipe)
-        .await
-        .map_err(CallError::Redis)?;
-    let text = match values.first() {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        Some(Value::VerbatimString { text, .. }) => text.clone(),
-        Some(Value::SimpleString(s)) => s.clone(),
-        Some(other) => return Err(reply::unexpected(other)),
-        None => return Ok(None),
-    };
-    Ok(text.lines().find_map(|l| {
-        l.strip_prefix("maxmemory_policy:")
-            .map(|p| p.trim().to_owned())
-    }))
 }
 
 /// Changes the stored limit by `delta` atomically; returns the previous limit, the new one
@@ -509,9 +487,18 @@ pub(crate) async fn resize(
     reply::resize(&v)
 }
 
-/// A consistent snapshot of the semaphore.
-pub(crate) async fn stats(conn: &mut Conn, t: &Target<'_>) -> CallResult<StatsReply> {
-    let v = STATS.run(conn, t, |_| {}).await?;
+/// A consistent snapshot of the semaphore, listing at most
+/// `listed` holders and waiters.
+pub(crate) async fn stats(
+    conn: &mut Conn,
+    t: &Target<'_>,
+    listed: usize,
+) -> CallResult<StatsReply> {
+    let v = STATS
+        .run(conn, t, |inv| {
+            inv.arg(listed);
+        })
+        .await?;
     reply::stats(&v)
 }
 
@@ -531,9 +518,12 @@ pub(crate) async fn stats_existing(
     conn: &mut Conn,
     keys: &Keys,
     publish: &'static str,
+    listed: usize,
 ) -> CallResult<Option<StatsReply>> {
     let v = STATS_EXISTING
-        .run(conn, &existing(keys, publish), |_| {})
+        .run(conn, &existing(keys, publish), |inv| {
+            inv.arg(listed);
+        })
         .await?;
     unless_nil(v, |v| reply::stats(&v))
 }

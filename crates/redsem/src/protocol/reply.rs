@@ -263,9 +263,13 @@ pub(crate) struct StatsReply {
     pub(crate) expired: u64,
     /// Repairs of lost keys since the configuration was (re)created.
     pub(crate) repairs: u64,
+    /// Some holders (at most the number asked for).
     pub(crate) holders: Vec<Entry>,
-    /// In queue order.
+    /// Waiters in queue order, from the position asked for (at most the number asked for).
     pub(crate) waiters: Vec<Entry>,
+    /// How many holders and waiters there are in all.
+    pub(crate) holder_count: u64,
+    pub(crate) waiter_count: u64,
 }
 
 /// One holder or waiter as stored in the `meta` hash (times in ms, Redis `TIME`).
@@ -326,15 +330,24 @@ pub(super) fn stats(v: &Value) -> CallResult<StatsReply> {
             ))
         })
     };
+    let holders = entries(string(items.get(5))?)?;
+    let waiters = entries(string(items.get(6))?)?;
+    // (the counts are trailing elements: absent from the scripts of before, which listed all)
+    let count = |i: usize, listed: usize| match items.get(i) {
+        Some(v) => int(Some(v)).map(|n| n.max(0) as u64),
+        None => Ok(listed as u64),
+    };
     Ok(StatsReply {
+        holder_count: count(8, holders.len())?,
+        waiter_count: count(9, waiters.len())?,
         now_ms: int(items.first())? as u64,
         limit: int(items.get(1))? as u32,
         in_use: int(items.get(2))? as u32,
         grants: int(items.get(3))? as u64,
         expired: int(items.get(4))? as u64,
         repairs: items.get(7).map_or(Ok(0), |v| int(Some(v)))? as u64,
-        holders: entries(string(items.get(5))?)?,
-        waiters: entries(string(items.get(6))?)?,
+        holders,
+        waiters,
     })
 }
 
@@ -353,8 +366,26 @@ pub(super) fn open(v: &Value) -> CallResult<Option<Opened>> {
         Some(v) => Some(string(Some(v))?).filter(|k| !k.is_empty()),
         None => None,
     };
-    let limit = int(items.first())? as u32;
+    let policy = match items.get(4).or_else(|| items.get(1)) {
+        Some(v @ Value::BulkString(_)) => Some(string(Some(v))?).filter(|p| !p.is_empty()),
+        _ => None,
+    };
+    let limit = int(items.first())?;
+    if limit < 0 {
+        // an evicting policy, refused: nothing was written
+        return Ok(Some(Opened {
+            limit: 0,
+            created: false,
+            with_ttl: None,
+            free: 0,
+            policy,
+            refused: true,
+        }));
+    }
+    let limit = limit as u32;
     Ok(Some(Opened {
+        policy,
+        refused: false,
         limit,
         created: int(items.get(1))? == 1,
         with_ttl,
@@ -375,6 +406,10 @@ pub(crate) struct Opened {
     pub(crate) with_ttl: Option<String>,
     /// Permits free now.
     pub(crate) free: u32,
+    /// The server's `maxmemory-policy`, when asked for.
+    pub(crate) policy: Option<String>,
+    /// The policy evicts any key: refused, nothing was written or created.
+    pub(crate) refused: bool,
 }
 
 fn expiry(ms: i64) -> Option<u64> {

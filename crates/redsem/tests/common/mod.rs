@@ -49,6 +49,19 @@ pub fn card(server: &Server, name: &str, suffix: &str) -> i64 {
     .unwrap()
 }
 
+/// The free slots of semaphore `name`: those listed in `free` below the limit, and the
+/// unlisted ones from the high-water mark (`cfg.hw`) up to the limit.
+pub fn free_slots(server: &Server, name: &str) -> i64 {
+    const FREE: &str = "local l = tonumber(redis.call('HGET', KEYS[1], 'limit') or '0') \
+        local hw = tonumber(redis.call('HGET', KEYS[1], 'hw') or '0') \
+        local n = redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. l) \
+        if hw < l then n = n + l - hw end return n";
+    server
+        .cmd(&["EVAL", FREE, "2", &key(name, "cfg"), &key(name, "free")])
+        .as_int()
+        .unwrap()
+}
+
 /// Entries in the session index of semaphore `name` (`<session>|<id>`; not its `#` marker,
 /// nor the `<session>|!<id>` notes of entries removed by someone else).
 pub fn indexed(server: &Server, name: &str) -> i64 {
@@ -128,6 +141,25 @@ pub fn redis_time_us(server: &Server) -> u64 {
         }
         other => panic!("TIME answered {other:?}"),
     }
+}
+
+/// `(calls, usec)` per command since the last `CONFIG RESETSTAT` (`INFO commandstats`).
+pub fn command_stats(server: &Server) -> std::collections::HashMap<String, (u64, u64)> {
+    let info = server.cmd(&["INFO", "commandstats"]);
+    let text = info.as_str().unwrap().to_owned();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("cmdstat_")?;
+            let (name, fields) = rest.split_once(':')?;
+            let field = |f: &str| {
+                fields
+                    .split(',')
+                    .find_map(|x| x.strip_prefix(f))
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            Some((name.to_owned(), (field("calls=")?, field("usec=")?)))
+        })
+        .collect()
 }
 
 /// Redis's `calls` of `command` so far (from `INFO commandstats`).

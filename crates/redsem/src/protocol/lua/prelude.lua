@@ -3,7 +3,10 @@
 -- KEYS (all under one hash tag, see keys.rs):
 --   1 cfg    hash  limit, ver, seq (last ticket), gen (last fence generation), grants, expired,
 --                  repairs, qlen (the number of members of queue: its loss is detected by it),
---                  s0..s9 (the highest ticket granted in each priority class: see SERVED)
+--                  s0..s9 (the highest ticket granted in each priority class: see SERVED),
+--                  hw (the high-water mark of slots: no slot at or above it is held, so those
+--                  below the limit are free without being listed in `free`; 0, or absent,
+--                  exactly when no slot is held)
 --   2 queue  zset  waiting tickets: member = id, score = the waiter's place (score_of: its ticket,
 --                  less AGING per priority class; the ticket itself without a priority)
 --   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME); '#'
@@ -12,8 +15,10 @@
 --                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
 --                  p (priority class, 1..9; absent for the default 0),
 --                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
---   5 slots  hash  slot number -> id of its holder
---   6 free   zset  free slot numbers below the limit (member = score = slot)
+--   5 slots  hash  slot number -> id of its holder (a loss of the map is detected by
+--                  held_count: nothing is mapped while cfg.hw says that something is held)
+--   6 free   zset  the free slot numbers below both the limit and cfg.hw (member = score = slot);
+--                  the slots from hw up to the limit are free too, unlisted (see take_slots)
 --   7 own    zset  the entries of each session, all scored 0 (a lexicographic index):
 --                  '<session>|<id>' for a live entry; '<session>|!<id>' for an entry an
 --                  operator removed (a forced release) and '<session>|!!<id>' for a waiter
@@ -38,7 +43,7 @@ local CREATED = false -- set when this call had to (re)create the configuration
 
 -- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
 -- refuses a semaphore written under another version rather than misread it.
-local PROTOCOL = 3
+local PROTOCOL = 4
 
 -- Redis TIME, read once per call (and only by calls that need it): NOW_MS for leases,
 -- NOW_US for fence generations.
@@ -71,6 +76,16 @@ local CFG_DIRTY = false
 -- replies of ZADD and ZREM count what changed): a queue shorter than qlen was lost
 -- (check_lost).
 local QLEN = 0
+-- The high-water mark of slots (cfg.hw): no slot at or above it is held; those below the limit
+-- are free without being listed in `free`, which lists the free slots below it (an idle
+-- semaphore of any limit is a few keys of a few bytes). It is 0 exactly when no slot is held
+-- (a call that frees the last held slot resets it: tidy_free).
+local HW = 0
+-- The stored limit, once load_limit read it (resize.lua changes it).
+local LIMIT = 0
+-- Set when this call freed a holder's slots: tidy_free() then resets the free slots of a
+-- semaphore nobody holds any more.
+local SLOTS_FREED = false
 -- Set by the scripts that serve the entries of an existing semaphore (renew, release,
 -- lease) before load_limit: a semaphore that delete.lua removed while entries were left (its
 -- tombstone '!deleted' in `own`) is then not re-created, and load_limit returns nil.
@@ -185,9 +200,19 @@ local function sess_of(m)
   return (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
 end
 
+local check_all_then_repair -- (defined below, with the rare paths)
+
+-- The number of slots held. A slot map that is empty while the high-water mark says that a
+-- slot is held was lost (a key eviction, a DEL): it is rebuilt from the holders' records
+-- before anything relies on it (every grant counts the holders first).
 local function held_count()
   flush()
-  return redis.call('HLEN', K_SLOTS)
+  local n = redis.call('HLEN', K_SLOTS)
+  if n == 0 and HW > 0 then
+    check_all_then_repair()
+    n = redis.call('HLEN', K_SLOTS)
+  end
+  return n
 end
 
 -- The generation (fencing token) of a new grant: max(last generation + 1, Redis TIME in
@@ -218,13 +243,26 @@ local SERVED = nil
 local READ_SERVED = false
 local LOADED_SERVED = nil
 
+-- A semaphore nobody holds any more lists no free slot: the high-water mark goes back to 0,
+-- so that every slot is free, unlisted. Keeps an idle semaphore small whatever its limit.
+local function tidy_free()
+  SLOTS_FREED = false
+  if HW > 0 and redis.call('HLEN', K_SLOTS) == 0 then
+    redis.call('DEL', K_FREE)
+    HW = 0
+    CFG_DIRTY = true
+  end
+end
+
 local function finish()
+  if SLOTS_FREED then tidy_free() end
   if CFG_DIRTY then
     local args = { 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
-      'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN) }
+      'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN),
+      'hw', string.format('%d', HW) }
     if EXPIRED + REPAIRS ~= 0 then
-      args[9] = 'expired'; args[10] = string.format('%d', EXPIRED)
-      args[11] = 'repairs'; args[12] = string.format('%d', REPAIRS)
+      args[11] = 'expired'; args[12] = string.format('%d', EXPIRED)
+      args[13] = 'repairs'; args[14] = string.format('%d', REPAIRS)
     end
     if SERVED then -- (a grant made CFG_DIRTY)
       for c, t in pairs(SERVED) do
@@ -256,7 +294,47 @@ local function next_ticket()
   return SEQ
 end
 
--- What only a key loss, an audit or a session's expiry needs: built on first use, so that a
+-- Gives back the slots `slots` (numbers) of a holder that is gone: the slot just below the
+-- high-water mark lowers it, any other below the limit is listed free (one call for all).
+-- (A slot at or above the limit, after a shrink, is simply no longer held.)
+local function return_slots(slots, limit)
+  SLOTS_FREED = true
+  if #slots > 1 then -- (highest first: each may lower the mark for the next)
+    local sorted = {}
+    for i, s in ipairs(slots) do sorted[i] = s end
+    table.sort(sorted)
+    slots = sorted
+  end
+  local add = {}
+  for i = #slots, 1, -1 do
+    local s = slots[i]
+    if s == HW - 1 then
+      HW = s
+      CFG_DIRTY = true
+    elseif s < limit then
+      add[#add + 1] = s; add[#add + 1] = s
+    end
+  end
+  in_chunks(add, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
+end
+
+-- Takes up to n free slots, lowest first: those listed in `free` (all below the high-water
+-- mark), then the unlisted ones from the mark up to the limit (raising it). Returns them
+-- (numbers, ascending) and what was popped from `free` (ZPOPMIN's reply). The rule that a
+-- grant takes the lowest free slots holds: every listed slot is below the mark.
+local function pop_free(n, limit)
+  local popped = redis.call('ZPOPMIN', K_FREE, n)
+  local slots = {}
+  for i = 1, #popped, 2 do slots[#slots + 1] = tonumber(popped[i]) end
+  while #slots < n and HW < limit do
+    slots[#slots + 1] = HW
+    HW = HW + 1
+    CFG_DIRTY = true
+  end
+  return slots, popped
+end
+
+-- What only a key loss, a session's expiry: built on first use, so that a
 -- call on the common path does not pay for creating these functions.
 local RARE = nil
 local function rare()
@@ -281,8 +359,7 @@ local function rare()
       if all[i + 1] == id then
         found = true
         redis.call('HDEL', K_SLOTS, all[i])
-        local s = tonumber(all[i])
-        if s < limit then redis.call('ZADD', K_FREE, s, s) end
+        return_slots({ tonumber(all[i]) }, limit)
       end
     end
     if found then R.count_repair() end
@@ -306,12 +383,12 @@ local function rare()
     return set
   end
 
-  -- Rebuilds the slot map and the free set from the entries' records: a slot mapped to an id
-  -- without a holder record or index entry is freed; a holder record's slots are mapped to
-  -- it again; every slot below the limit that nobody holds is free. O(limit + entries), run
-  -- only when a check found the keys inconsistent.
-  function R.repair(limit)
-    R.count_repair()
+  -- Rebuilds the slot map and the free slots from the entries' records: a slot mapped to an
+  -- id without a holder record or index entry is freed; a holder record's slots are mapped to
+  -- it again; the high-water mark goes just above the highest slot held, and every slot below
+  -- it and the limit that nobody holds is listed free. O(entries + highest slot held), run
+  -- only when a check found the keys inconsistent (not counted: see repair).
+  function R.rebuild_slots(limit)
     local indexed = indexed_ids()
     local mapped = {}
     local all = redis.call('HGETALL', K_SLOTS)
@@ -332,13 +409,27 @@ local function rare()
         end
       end
     end
+    local top = -1
+    for s in pairs(mapped) do if s > top then top = s end end
+    HW = top + 1
+    CFG_DIRTY = true
     redis.call('DEL', K_FREE)
-    for s = 0, limit - 1 do
-      if mapped[s] == nil then redis.call('ZADD', K_FREE, s, s) end
+    local free = {}
+    for s = 0, math.min(HW, limit) - 1 do
+      if mapped[s] == nil then free[#free + 1] = s; free[#free + 1] = s end
     end
+    in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
   end
 
-  -- The index lost its marker: it was lost (or never written). Every record goes back in.
+  -- A repair of the slot map and free slots (counted in cfg.repairs).
+  function R.repair(limit)
+    R.count_repair()
+    R.rebuild_slots(limit)
+  end
+
+  -- The index lost its marker: it was lost (or never written). Every record goes back in,
+  -- and the slots mapped to entries that have neither a record nor an index entry any more
+  -- (lost with `meta`) are freed.
   function R.check_index()
     if redis.call('ZSCORE', K_OWN, '#') then return end
     R.count_repair()
@@ -347,6 +438,7 @@ local function rare()
       redis.call('ZADD', K_OWN, 0, sess_of(cjson.decode(metas[j + 1])) .. '|' .. metas[j])
     end
     redis.call('ZADD', K_OWN, 0, '#')
+    R.rebuild_slots(LIMIT)
   end
 
   local function lease_of(sid)
@@ -391,8 +483,9 @@ local function rare()
   -- remain continues above it). O(entries).
   function R.highest_ticket()
     local top = 0
-    for _, raw in ipairs(redis.call('HVALS', K_META)) do
-      local t = cjson.decode(raw).t
+    local metas = redis.call('HGETALL', K_META)
+    for j = 2, #metas, 2 do
+      local t = cjson.decode(metas[j]).t
       if t and t > top then top = t end
     end
     local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
@@ -443,67 +536,29 @@ local function rare()
     if until_ms then redis.call('ZADD', K_EXP, 'GT', until_ms, hold_sid) end
   end
 
-  -- A full consistency check, O(limit + entries): every mapped slot belongs to a holder
-  -- record that lists it, every holder record's slots are mapped to it, the free set is
-  -- exactly the unheld slots below the limit, every record is in the index and its session
-  -- has a lease, every waiter record is queued. Repairs what it finds (counted in
-  -- cfg.repairs). Run when a handle opens and by stats, so that a loss no grant notices (a
-  -- lost record of a crashed holder, a lost queue) is repaired too.
-  function R.audit(limit, now)
-    R.check_index()
-    local consistent = true
-    local indexed = indexed_ids()
-    local mapped = {}
-    local all = redis.call('HGETALL', K_SLOTS)
-    for i = 1, #all, 2 do
-      if still_held(all[i + 1], indexed) then mapped[tonumber(all[i])] = all[i + 1] else consistent = false end
-    end
-    local fixed = false
-    local metas = redis.call('HGETALL', K_META)
-    for i = 1, #metas, 2 do
-      local id, m = metas[i], cjson.decode(metas[i + 1])
-      for _, s in ipairs(m.s or {}) do
-        if mapped[s] ~= id then consistent = false end
-      end
-      local sid = sess_of(m)
-      if redis.call('ZADD', K_OWN, 0, sid .. '|' .. id) == 1 then fixed = true end
-      if redis.call('ZADD', K_EXP, 'NX', now + (m.s and m.l or m.w), sid) == 1 then fixed = true end
-      if not m.s and not redis.call('ZSCORE', K_QUEUE, id) then
-        queue_add(score_of(m), id)
-        fixed = true
-      end
-    end
-    if consistent then
-      local free = redis.call('ZRANGE', K_FREE, 0, -1)
-      local unheld = 0
-      for s = 0, limit - 1 do if mapped[s] == nil then unheld = unheld + 1 end end
-      if #free ~= unheld then consistent = false end
-      for _, s in ipairs(free) do
-        local n = tonumber(s)
-        if n >= limit or mapped[n] ~= nil then consistent = false end
-      end
-    end
-    if fixed and consistent then R.count_repair() end
-    if not consistent then R.repair(limit) end
-  end
-
-  -- The free set gave fewer slots than the capacity check promised (a lost `free` set, or a
-  -- lost slot map that made the holders look fewer): put back what was popped, repair, and
-  -- check the capacity again. Returns the slots to grant, or nil when there is no capacity.
+  -- The free slots were fewer than the capacity check promised (a lost `free` set, or a
+  -- slot map that made the holders look fewer): put back what was popped, repair, and check
+  -- the capacity again. Returns the slots to grant, or nil when there is no capacity.
   function R.short_free(popped, n, limit)
     for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
     R.repair(limit)
     if held_count() + n > limit then return nil end
-    popped = redis.call('ZPOPMIN', K_FREE, n)
-    if #popped ~= 2 * n then
+    local slots = pop_free(n, limit)
+    if #slots ~= n then
       corrupt('semaphore free slots (key ' .. K_FREE .. ') do not match its holders (key '
         .. K_SLOTS .. ') after a repair')
     end
-    return popped
+    return slots
   end
 
   RARE = R
   return R
+end
+
+-- The slot map was lost (held_count): it is rebuilt from the holders' records.
+check_all_then_repair = function()
+  check_all()
+  rare().repair(LIMIT)
 end
 
 -- Removes an entry (holder or waiter) entirely; a holder's slots go back to the free set.
@@ -519,10 +574,8 @@ drop_entry = function(id, m, limit, tomb)
     redis.call('ZREM', K_OWN, sid .. '|' .. id)
     if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|' .. tomb .. id) end
     if m.s then
-      for _, s in ipairs(m.s) do
-        redis.call('HDEL', K_SLOTS, s)
-        if s < limit then redis.call('ZADD', K_FREE, s, s) end
-      end
+      redis.call('HDEL', K_SLOTS, unpack(m.s))
+      return_slots(m.s, limit)
     else
       queue_remove({ id })
     end
@@ -576,6 +629,15 @@ local function check_ours(limit, ver)
   end
 end
 
+-- Fails, changing nothing, unless `ver` (cfg's field, false when absent: version 1) is this
+-- protocol's version.
+local function check_version(ver)
+  if tonumber(ver or '1') ~= PROTOCOL then
+    error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. (ver or '1')
+      .. ', this client speaks version ' .. PROTOCOL .. ': use a client that speaks it' })
+  end
+end
+
 -- Key loss is detected by every script, in O(1) per call, where it must not go unnoticed
 -- (docs/PROTOCOL.md, "Lost keys"): the index and the lease set carry a marker `#`, and the
 -- queue's length is counted in cfg.qlen. Each repair runs once, after the loss.
@@ -598,21 +660,19 @@ local function load_limit()
   local cfg
   if READ_SERVED then
     cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
-      'qlen', 's0', 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', 's9')
+      'qlen', 'hw', 's0', 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', 's9')
     LOADED_SERVED = {}
-    for c = 0, 9 do LOADED_SERVED[c] = tonumber(cfg[9 + c] or '0') or 0 end
+    for c = 0, 9 do LOADED_SERVED[c] = tonumber(cfg[10 + c] or '0') or 0 end
   else
     cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
-      'qlen')
+      'qlen', 'hw')
   end
   check_ours(cfg[1], cfg[2])
   if cfg[1] then
-    if tonumber(cfg[2] or '1') ~= PROTOCOL then
-      error({ err = 'REDSEM_PROTOCOL semaphore uses redsem protocol version ' .. (cfg[2] or '1')
-        .. ', this client speaks version ' .. PROTOCOL .. ': use a client that speaks it' })
-    end
+    check_version(cfg[2])
     SEQ, GEN, GRANTS = tonumber(cfg[3] or '0'), tonumber(cfg[4] or '0'), tonumber(cfg[5] or '0')
     EXPIRED, REPAIRS = tonumber(cfg[6] or '0'), tonumber(cfg[7] or '0')
+    HW, LIMIT = tonumber(cfg[9] or '0'), tonumber(cfg[1])
     -- (a semaphore created before cfg.qlen and the lease set's marker existed gets them now,
     -- without counting a repair)
     local before = cfg[8] == false
@@ -632,6 +692,7 @@ local function load_limit()
     redis.call('DEL', K_OWN) -- (the tombstone, and its TTL)
   end
   local l = tonumber(A[1])
+  LIMIT = l
   CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
   CFG_DIRTY = true
@@ -647,8 +708,8 @@ local function load_limit()
     rare().restore_queue()
     check_lost(false)
   else
+    -- every slot is free, unlisted (HW = 0)
     redis.call('DEL', K_FREE)
-    for s = 0, l - 1 do redis.call('ZADD', K_FREE, s, s) end
     redis.call('ZADD', K_OWN, 0, '#')
     redis.call('ZADD', K_EXP, '+inf', '#')
     QLEN = redis.call('ZCARD', K_QUEUE)
@@ -661,23 +722,21 @@ end
 -- no longer than its own lease; a live one renews it as a holder); a fresh entry (granted at
 -- once) joins its holder session, whose lease reaches at least now + its lease.
 --
--- Checks first that the free set gives as many slots as the capacity check promised: after a
--- key loss it may not. Then the keys are repaired and the capacity checked again. Returns
+-- Checks first that the free slots are as many as the capacity check promised: after a key
+-- loss they may not be. Then the keys are repaired and the capacity checked again. Returns
 -- whether it granted.
 local function grant(id, m, now, fresh, limit)
   now = now or now_ms()
-  local popped = redis.call('ZPOPMIN', K_FREE, m.n)
-  if #popped ~= 2 * m.n then
-    popped = rare().short_free(popped, m.n, limit)
-    if not popped then return false end
+  local slots, popped = pop_free(m.n, limit)
+  if #slots ~= m.n then
+    slots = rare().short_free(popped, m.n, limit)
+    if not slots then return false end
   end
   local g = next_generation()
-  local slots, fences, map = {}, {}, {}
-  for i = 1, #popped, 2 do
-    local s = tonumber(popped[i])
-    slots[#slots + 1] = s
-    fences[#fences + 1] = g
-    map[#map + 1] = popped[i]; map[#map + 1] = id
+  local fences, map = {}, {}
+  for i, s in ipairs(slots) do
+    fences[i] = g
+    map[#map + 1] = s; map[#map + 1] = id
   end
   local wait_sid = not fresh and sess_of(m)
   m.s, m.f, m.a = slots, fences, now

@@ -64,7 +64,7 @@ elseif #ids > 1 then
   -- drop_entry does, with one command per key for all of them. Returns how many had a record.
   -- (Built here: a lone release does not pay for it.)
   local function drop_entries(ids, ms, limit, tomb)
-    local del, unown, tombs, unmap, free, unqueue = {}, {}, {}, {}, {}, {}
+    local del, unown, tombs, freed, unqueue = {}, {}, {}, {}, {}
     local found = 0
     for i, id in ipairs(ids) do
       local m = ms[i]
@@ -75,11 +75,7 @@ elseif #ids > 1 then
         unown[#unown + 1] = sid .. '|' .. id
         if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|' .. TOMB_REMOVED .. id end
         if m.s then
-          for _, sl in ipairs(m.s) do
-            local str = tostring(sl) -- (formatted once: each number argument is formatted)
-            unmap[#unmap + 1] = str
-            if sl < limit then free[#free + 1] = str; free[#free + 1] = str end
-          end
+          for _, sl in ipairs(m.s) do freed[#freed + 1] = sl end
         else
           unqueue[#unqueue + 1] = id
           if tomb then waiters[#waiters + 1] = { id, m } end
@@ -89,8 +85,8 @@ elseif #ids > 1 then
     in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
     in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
     in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-    in_chunks(unmap, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
-    in_chunks(free, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
+    in_chunks(freed, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
+    return_slots(freed, limit)
     queue_remove(unqueue)
     for i, id in ipairs(ids) do
       if not ms[i] then drop_entry(id, nil, limit, false) end

@@ -16,13 +16,18 @@ if relative then
   new = old + new
   if new < 1 or new > tonumber(ARGV[6]) then finish(); return { old, -1, {} } end
 end
+-- `free` lists the free slots below both the limit and the high-water mark (prelude's HW):
+-- a growth lists those between the old limit and the mark (the slots above the mark are free
+-- without being listed); a shrink unlists those above the new limit (their holders, if any,
+-- finish; their slots are then no longer held, and not listed).
 if new > old then
-  for s = old, new - 1 do
+  for s = old, math.min(HW, new) - 1 do
     if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
   end
 elseif new < old then
   redis.call('ZREMRANGEBYSCORE', K_FREE, new, '+inf')
 end
+LIMIT = new
 redis.call('HSET', K_CFG, 'limit', new)
 -- (settle, keeping what pump did: the rejections are reported)
 reap(now, new)
