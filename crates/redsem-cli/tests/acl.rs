@@ -3,15 +3,22 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 
 /// The rule of docs/security.md (crates/redsem/tests/acl.rs checks that the documentation
 /// shows it, and that every permission in it is needed).
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
-+evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++evalsha +evalsha_ro +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
+
+/// The read-only rule of docs/security.md, for monitoring.
+const MONITOR_RULE: &str = "resetkeys %R~redsem:* resetchannels -@all \
++evalsha_ro +script|load +ping +scan +select +time +exists +hmget +hlen +hscan \
++zcard +zrange +zrangebyscore +zrangebylex +zscore +cluster|slots";
 
 fn without(cmd: &str) -> String {
     let drop = format!("+{cmd}");
@@ -27,6 +34,7 @@ fn server() -> Server {
         ServerOptions {
             acl_users: vec![
                 format!("user app on >pw {RULE}"),
+                format!("user monitor on >pw {MONITOR_RULE}"),
                 format!("user nopop on >pw {}", without("zpopmin")),
                 format!("user noscan on >pw {}", without("scan")),
                 format!("user noselect on >pw {}", without("select")),
@@ -68,6 +76,52 @@ fn every_subcommand_works_as_the_documented_user() {
         server.cmd(&["HGET", "redsem:{acl}:cfg", "limit"]).as_str(),
         Some("3")
     );
+}
+
+/// A user that may only read the keys monitors: `stats`, `list`, `watch` and the exporter
+/// work as it, and a change (`limit`) is refused.
+#[test]
+fn monitoring_works_as_the_read_only_user() {
+    let server = server();
+    let holder = Background::spawn(
+        as_user(&server, "app").args(["run", "mon", "--limit", "1", "--", "sleep", "30"]),
+    );
+    wait_until(Duration::from_secs(10), "the holder", || {
+        let out = run(as_user(&server, "app").args(["stats", "mon", "--json"]));
+        code(&out) == 0 && stdout(&out).contains("\"in_use\": 1")
+    });
+    for args in [
+        vec!["stats", "mon"],
+        vec!["stats", "mon", "--json"],
+        vec!["list"],
+        vec!["watch", "mon", "--interval", "100ms", "--iterations", "1"],
+    ] {
+        let out = run(as_user(&server, "monitor").args(&args));
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains("mon"), "{args:?}: {}", stdout(&out));
+    }
+    let out = run(as_user(&server, "monitor").args(["stats", "mon", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        (v["in_use"].as_u64(), v["holder_count"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let (exporter, addr) = spawn_exporter_with(&mut as_user(&server, "monitor"));
+    let metrics = http_get(&addr, "/metrics");
+    assert!(metrics.contains("redsem_exporter_up 1"), "{metrics}");
+    assert!(
+        metrics.contains("redsem_semaphore_permits_in_use{semaphore=\"mon\"} 1"),
+        "{metrics}"
+    );
+    drop(exporter);
+    let out = run(as_user(&server, "monitor").args(["limit", "mon", "2"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        stderr(&out).to_lowercase().contains("permission"),
+        "{}",
+        stderr(&out)
+    );
+    drop(holder);
 }
 
 /// On a database other than 0 (`redis://user:pw@host/1`: the client sends SELECT), as the

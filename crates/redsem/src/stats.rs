@@ -12,8 +12,10 @@ use crate::protocol::StatsReply;
 /// snapshot costs Redis the same whatever the length of the queue and the limit.
 pub const STATS_LISTED: usize = 100;
 
-/// A consistent snapshot of one semaphore, taken by one script run (expired entries are
-/// reaped first, so every holder listed has a valid lease).
+/// A consistent snapshot of one semaphore, taken by one read-only script run: it writes
+/// nothing (a user allowed only to read the keys may take it), and leaves out the entries
+/// whose lease has passed in Redis (those the next script will reap), so every holder listed
+/// has a valid lease.
 ///
 /// Its cost is bounded: it counts every holder and waiter, and lists at most
 /// [`STATS_LISTED`] of each (the first waiters of the queue).

@@ -10,10 +10,16 @@ use test_support::{Cluster, ClusterOptions, Server, ServerOptions, flavors};
 /// The rule, as documented (docs/security.md, README "Security"); the test below checks that
 /// the documentation shows exactly this.
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
-+evalsha +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++evalsha +evalsha_ro +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
+
+/// The read-only rule for monitoring (docs/security.md): read access to the keys (`%R~`),
+/// read-only scripts (`EVALSHA_RO`) and the read commands they call, and nothing that writes.
+const MONITOR_RULE: &str = "resetkeys %R~redsem:* resetchannels -@all \
++evalsha_ro +script|load +ping +scan +select +time +exists +hmget +hlen +hscan \
++zcard +zrange +zrangebyscore +zrangebylex +zscore +cluster|slots";
 
 /// Commands of the rule that only a cluster, Sentinel, synced mode, a dropped handle or the
 /// repair of a lost key (`hgetall`) use: the standalone scenario below cannot show that each
@@ -37,8 +43,13 @@ fn commands() -> Vec<&'static str> {
 
 /// The rule without `+cmd`.
 fn without(cmd: &str) -> String {
+    rule_without(RULE, cmd)
+}
+
+/// `rule` without `+cmd`.
+fn rule_without(rule: &str, cmd: &str) -> String {
     let drop = format!("+{cmd}");
-    RULE.split_whitespace()
+    rule.split_whitespace()
         .filter(|t| *t != drop)
         .collect::<Vec<_>>()
         .join(" ")
@@ -253,16 +264,135 @@ async fn the_rule_works_on_a_cluster_too() {
     assert_eq!(client.list_semaphores().await.unwrap(), vec!["acl-cluster"]);
 }
 
+/// What a monitor does (the CLI's stats, list, watch and exporter): list the semaphores and
+/// take snapshots of them; the first error.
+async fn monitor(url: &str, name: &str) -> Result<redsem::Stats, Error> {
+    let client = connect(url).await?;
+    client.ping().await?;
+    assert!(client.list_semaphores().await?.contains(&name.to_owned()));
+    client.inspect(name).await
+}
+
+/// A user allowed only to read the semaphores' keys takes snapshots (stats, list, watch, the
+/// exporter) of a semaphore in use, expired entries left out as a reap would (without
+/// writing: the keys are read-only to it); it cannot change anything, and every permission of
+/// its rule is needed.
+#[tokio::test]
+async fn a_read_only_user_monitors_and_cannot_write() {
+    for flavor in flavors() {
+        let monitor_commands: Vec<&str> = MONITOR_RULE
+            .split_whitespace()
+            .filter_map(|t| t.strip_prefix('+'))
+            // (a cluster's, and another database's: not in this scenario)
+            .filter(|c| !["cluster|slots", "select"].contains(c))
+            .collect();
+        let mut users = vec![user_line("app", RULE), user_line("monitor", MONITOR_RULE)];
+        for (i, c) in monitor_commands.iter().enumerate() {
+            users.push(user_line(&format!("m{i}"), &rule_without(MONITOR_RULE, c)));
+        }
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: users,
+                password: Some("admin".into()),
+                ..Default::default()
+            },
+        );
+        // in use by the application: a holder, two waiters, and a crashed holder whose
+        // session has expired but was not reaped yet
+        let app = connect(&url(&server, "app")).await.unwrap();
+        let sem = app
+            .semaphore("watched", 2)
+            .lease(Duration::from_secs(30))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let crashed = sem
+            .acquire_with(redsem::AcquireOptions::new().lease(Duration::from_secs(40)))
+            .await
+            .unwrap();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let sem = sem.clone();
+                tokio::spawn(async move { sem.acquire().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let crashed_id = crashed.holder_id().to_owned();
+        std::mem::forget(crashed); // (its handle renews its session: expire it by hand)
+        let session = server
+            .cmd(&["ZRANGE", "redsem:{watched}:own", "0", "-1"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m.as_str())
+            .find_map(|m| m.strip_suffix(&format!("|{crashed_id}")).map(str::to_owned))
+            .unwrap();
+        server.cmd(&["ZADD", "redsem:{watched}:exp", "1", &session]);
+
+        let st = monitor(&url(&server, "monitor"), "watched")
+            .await
+            .unwrap_or_else(|e| panic!("{flavor}: {e}"));
+        assert_eq!(
+            (st.limit, st.in_use),
+            (2, 1),
+            "{flavor}: the expired holder left out"
+        );
+        assert_eq!((st.holder_count, st.waiter_count), (1, 2), "{flavor}");
+        assert_eq!(st.holders.len(), 1);
+        assert_eq!(st.holders[0].id, held.holder_id());
+        assert_eq!(st.waiters.len(), 2);
+        // (and it wrote nothing: its keys are read-only to it, `%R~`)
+        // it may not change anything
+        let client = connect(&url(&server, "monitor")).await.unwrap();
+        for err in [
+            client.resize_existing("watched", 3).await.unwrap_err(),
+            client
+                .force_release_existing("watched", held.holder_id())
+                .await
+                .unwrap_err(),
+            client.semaphore("watched", 2).open().await.unwrap_err(),
+        ] {
+            assert!(matches!(err, Error::NoPermission(_)), "{flavor}: {err:?}");
+        }
+        // every permission of its rule is needed, and its absence named
+        for (i, cmd) in monitor_commands.iter().enumerate() {
+            server.cmd(&["SCRIPT", "FLUSH"]);
+            // (the app's scripts reloaded: a missing `script|load` shows only without them)
+            let err = match monitor(&url(&server, &format!("m{i}")), "watched").await {
+                Ok(_) => panic!("{flavor}: a monitor without {cmd} could do everything"),
+                Err(e) => e,
+            };
+            assert!(
+                matches!(err, Error::NoPermission(_)),
+                "{flavor}: without {cmd}: {err:?}"
+            );
+            assert!(
+                err.to_string()
+                    .to_ascii_uppercase()
+                    .contains(&cmd.to_ascii_uppercase()),
+                "{flavor}: the error does not name {cmd}: {err}"
+            );
+        }
+        drop((held, waiters));
+    }
+}
+
 #[test]
 fn the_documentation_shows_exactly_this_rule() {
     let root = test_support::workspace_root();
-    let line = format!("ACL SETUSER redsem-app on >CHANGE-ME {RULE}");
     let docs: Vec<String> = ["docs/security.md", "README.md"]
         .iter()
         .filter_map(|p| std::fs::read_to_string(root.join(p)).ok())
         .collect();
-    assert!(
-        docs.iter().any(|d| d.contains(&line)),
-        "neither docs/security.md nor README.md shows the rule:\n{line}"
-    );
+    for line in [
+        format!("ACL SETUSER redsem-app on >CHANGE-ME {RULE}"),
+        format!("ACL SETUSER redsem-monitor on >CHANGE-ME {MONITOR_RULE}"),
+    ] {
+        assert!(
+            docs.iter().any(|d| d.contains(&line)),
+            "neither docs/security.md nor README.md shows the rule:\n{line}"
+        );
+    }
 }

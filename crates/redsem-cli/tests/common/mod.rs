@@ -251,9 +251,13 @@ pub fn http_get(addr: &str, path: &str) -> String {
 
 /// A running `redsem exporter --listen 127.0.0.1:0` against `server`, and its address.
 pub fn spawn_exporter(server: &Server) -> (Background, String) {
+    spawn_exporter_with(&mut redsem(server))
+}
+
+/// [`spawn_exporter`] with the command `cmd` (its URL, its environment).
+pub fn spawn_exporter_with(cmd: &mut Command) -> (Background, String) {
     let mut exporter = Background::spawn(
-        redsem(server)
-            .args(["exporter", "--listen", "127.0.0.1:0"])
+        cmd.args(["exporter", "--listen", "127.0.0.1:0"])
             .stderr(Stdio::piped()),
     );
     let line = exporter.stderr_line_with("serving http://");

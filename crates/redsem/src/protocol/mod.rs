@@ -35,7 +35,13 @@ struct Lua {
     name: &'static str,
     source: String,
     script: Script,
+    /// Declared `no-writes` (its first line): run with `EVALSHA_RO`.
+    read_only: bool,
 }
+
+/// The first line of a read-only script: Redis (7.0 and later) then refuses any write in it,
+/// and runs it for `EVALSHA_RO` (which a user allowed only to read the keys may call).
+const READ_ONLY: &str = "#!lua flags=no-writes";
 
 impl Lua {
     /// `body` with the prelude (and `extra`, if any) in front of it.
@@ -49,7 +55,52 @@ impl Lua {
             name,
             script: Script::new(&source),
             source,
+            read_only: false,
         }
+    }
+
+    /// [`new`](Self::new), declared `no-writes` (a first line before the prelude): a
+    /// read-only script, run with `EVALSHA_RO`.
+    fn new_read_only(name: &'static str, extra: &str, body: &str) -> Lua {
+        let plain = Lua::new(name, extra, body);
+        let source = format!("{READ_ONLY}\n{}", plain.source);
+        Lua {
+            name,
+            script: Script::new(&source),
+            source,
+            read_only: true,
+        }
+    }
+
+    /// Runs the read-only script on `t` with `EVALSHA_RO` (see [`pipelined`](Self::pipelined)):
+    /// the keys, the common header, then the arguments `args` adds.
+    async fn run_read_only(
+        &self,
+        conn: &mut Conn,
+        t: &Target<'_>,
+        args: impl Fn(&mut redis::Cmd),
+    ) -> CallResult<Value> {
+        debug_assert!(self.read_only);
+        let values = self
+            .pipelined(
+                conn,
+                t,
+                |cmd| {
+                    let keys = t.keys.in_script_order();
+                    cmd.arg(keys.len())
+                        .arg(&keys[..])
+                        .arg(t.limit)
+                        .arg(&t.keys.channel_base)
+                        .arg(t.publish);
+                    args(cmd);
+                },
+                |_| {},
+            )
+            .await?;
+        values
+            .into_iter()
+            .next()
+            .ok_or_else(|| reply::unexpected(&Value::Nil))
     }
 
     /// Runs the script on the semaphore `t` with the common header (limit, channel base,
@@ -88,7 +139,11 @@ impl Lua {
         then: impl Fn(&mut redis::Pipeline),
     ) -> CallResult<Vec<Value>> {
         for attempt in 0..2 {
-            let mut evalsha = redis::cmd("EVALSHA");
+            let mut evalsha = redis::cmd(if self.read_only {
+                "EVALSHA_RO"
+            } else {
+                "EVALSHA"
+            });
             evalsha.arg(self.script.get_hash());
             args(&mut evalsha);
             let mut pipe = redis::pipe();
@@ -137,14 +192,14 @@ static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!(
 static RESIZE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("resize", "", include_str!("lua/resize.lua")));
 static STATS: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("stats", "", include_str!("lua/stats.lua")));
+    LazyLock::new(|| Lua::new_read_only("stats", "", include_str!("lua/stats.lua")));
 
 /// Prepended to a script body for the operator functions: a missing configuration means "no
 /// such semaphore" (nil reply), where the plain scripts would create it.
 const GUARD: &str = "if redis.call('EXISTS', K_CFG) == 0 then return false end";
 
 static STATS_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("inspect", GUARD, include_str!("lua/stats.lua")));
+    LazyLock::new(|| Lua::new_read_only("inspect", GUARD, include_str!("lua/stats.lua")));
 static RESIZE_EXISTING: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("resize", GUARD, include_str!("lua/resize.lua")));
 static DELETE_EXISTING: LazyLock<Lua> =
@@ -487,7 +542,7 @@ pub(crate) async fn resize(
     reply::resize(&v)
 }
 
-/// A consistent snapshot of the semaphore, listing at most
+/// A consistent snapshot of the semaphore, read-only (`EVALSHA_RO`), listing at most
 /// `listed` holders and waiters.
 pub(crate) async fn stats(
     conn: &mut Conn,
@@ -495,8 +550,8 @@ pub(crate) async fn stats(
     listed: usize,
 ) -> CallResult<StatsReply> {
     let v = STATS
-        .run(conn, t, |inv| {
-            inv.arg(listed);
+        .run_read_only(conn, t, |cmd| {
+            cmd.arg(listed);
         })
         .await?;
     reply::stats(&v)
@@ -521,8 +576,8 @@ pub(crate) async fn stats_existing(
     listed: usize,
 ) -> CallResult<Option<StatsReply>> {
     let v = STATS_EXISTING
-        .run(conn, &existing(keys, publish), |inv| {
-            inv.arg(listed);
+        .run_read_only(conn, &existing(keys, publish), |cmd| {
+            cmd.arg(listed);
         })
         .await?;
     unless_nil(v, |v| reply::stats(&v))

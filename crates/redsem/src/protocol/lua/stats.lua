@@ -1,5 +1,10 @@
--- stats: a snapshot, bounded whatever the queue and the limit: the counts, the first waiters of
--- the queue and some holders (reaps and grants first, like every script).
+-- stats: a read-only snapshot (`#!lua flags=no-writes`, run with EVALSHA_RO: a user allowed to
+-- read the semaphore's keys and nothing more may take it), of a bounded cost whatever the
+-- queue and the limit: the counts, the first waiters of the queue and some holders. It writes
+-- nothing (no reap, no repair, no grant): what it reports is what the next script would leave
+-- after reaping, computed without it: the entries of sessions whose lease has passed (Redis
+-- TIME) are left out, as reaping would remove them (as many as one reap takes: 64 sessions,
+-- 512 entries). Nor does it create or repair anything: a lost key shows as what is left.
 -- ARGV (after the common header): 4 (optional) how many holders and waiters to list at most
 --   (default 100), 5 (optional) the position in the queue the list of waiters starts at
 --   (default 0, the head)
@@ -8,21 +13,52 @@
 -- holders_json: JSON array of up to ARGV 4 holders' records, each with its id ("id") and the
 -- lease expiry of its session ("e"), in no particular order (all of them when there are no
 -- more); waiters_json: the same for the waiters from position ARGV 5 on, in queue (FIFO) order;
--- holders, waiters: how many there are in all.
+-- holders, waiters: how many there are in all. limit: the stored one (the caller's, ARGV 1,
+-- when the configuration is missing: every counter is then 0).
 local now = now_ms()
-check_all()
-local limit = load_limit()
-settle(now, limit, true)
-finish()
+local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'grants', 'expired', 'repairs')
+check_ours(cfg[1], cfg[2])
+if cfg[1] then check_version(cfg[2]) end
+local limit = tonumber(cfg[1] or A[1])
 local max = tonumber(A[4] or '100')
 local from = tonumber(A[5] or '0')
+
+-- The entries a reap would remove now: those of the sessions whose lease has passed.
+local dead = {}
+local gone_holders, gone_waiters, gone_slots = 0, 0, 0
+local budget = 512
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 64)) do
+  local members = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|', '[' .. sid .. '|\255',
+    'LIMIT', 0, budget)
+  local ids = {}
+  for _, mem in ipairs(members) do
+    local id = string.sub(mem, #sid + 2)
+    if string.sub(id, 1, 1) ~= '!' then ids[#ids + 1] = id end
+  end
+  local ms = get_metas(ids)
+  for i, id in ipairs(ids) do
+    local m = ms[i]
+    if m and sess_of(m) == sid then
+      dead[id] = true
+      if m.s then
+        gone_holders = gone_holders + 1
+        gone_slots = gone_slots + #m.s
+      else
+        gone_waiters = gone_waiters + 1
+      end
+    end
+  end
+  budget = budget - #members
+  if budget <= 0 then break end
+end
+
 local expiry = {} -- session -> lease expiry (ms), read once each
 local function entries(ids)
   local arr = {}
   local ms = get_metas(ids)
   for i, id in ipairs(ids) do
     local m = ms[i]
-    if m then
+    if m and not dead[id] then
       m.id = id
       local sid = sess_of(m)
       if expiry[sid] == nil then
@@ -43,7 +79,7 @@ for _ = 1, (max > 0 and 8 or 0) do
   local fields = page[2]
   for i = 1, #fields, 2 do
     local id = fields[i + 1]
-    if not seen[id] and #holder_ids < max then
+    if not seen[id] and not dead[id] and #holder_ids < max then
       seen[id] = true
       holder_ids[#holder_ids + 1] = id
     end
@@ -53,10 +89,14 @@ end
 local waiting = max > 0 and redis.call('ZRANGE', K_QUEUE, from, from + max - 1) or {}
 local h, w = entries(holder_ids), entries(waiting)
 local function enc(t) if #t == 0 then return '[]' end return cjson.encode(t) end
-local waiters = redis.call('ZCARD', K_QUEUE)
-local holders = redis.call('HLEN', K_META) - waiters
+local queued = redis.call('ZCARD', K_QUEUE)
+local holders = redis.call('HLEN', K_META) - queued - gone_holders
 if holders < 0 then holders = 0 end
-return { now, limit, held_count(),
-  tonumber(redis.call('HGET', K_CFG, 'grants') or '0'),
-  tonumber(redis.call('HGET', K_CFG, 'expired') or '0'),
-  enc(h), enc(w), tonumber(redis.call('HGET', K_CFG, 'repairs') or '0'), holders, waiters }
+local waiters = queued - gone_waiters
+if waiters < 0 then waiters = 0 end
+local in_use = redis.call('HLEN', K_SLOTS) - gone_slots
+if in_use < 0 then in_use = 0 end
+-- (the entries left out count as expired, as they will be once reaped)
+return { now, limit, in_use, tonumber(cfg[3] or '0'),
+  tonumber(cfg[4] or '0') + gone_holders + gone_waiters, enc(h), enc(w),
+  tonumber(cfg[5] or '0'), holders, waiters }
