@@ -61,22 +61,20 @@ for i = 1, #KEYS, 6 do
   for _, r in ipairs(recs) do
     local n, a, tk, s, fs, p = -1, -1, -1, '-', '-', 0
     local raw = redis.call('HGET', meta, r.id)
-    if raw then
-      local m = cjson.decode(raw)
+    -- the record (protocol 4: 'n|t|p|c|o|l|w|q|a|s|f|<label length>|<label>')
+    local mn, mt, mp, mc, mo, ml, mw, _, ma, ms, mf = string.match(raw or '',
+      '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|')
+    if mn then
       -- the session the record names (the index may have lost it): a detached holder's is
       -- its own ('o'), else its client's
-      local sid = (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
+      local sid = (mo ~= '' and mo or mc) .. '~' .. (ma ~= '' and ml or mw)
       if sess[sid] then r.e = sess[sid] end
-      n = m.n or -1
-      a = m.a or -1
-      tk = m.t or -1
-      p = m.p or 0
-      if m.s then
-        local parts = {}
-        for k, v in ipairs(m.s) do parts[k] = string.format('%d', v) end
-        if #parts > 0 then s = table.concat(parts, ',') end
-      end
-      if m.f and #m.f > 0 then fs = table.concat(m.f, ',') end
+      n = tonumber(mn) or -1
+      a = tonumber(ma) or -1
+      tk = tonumber(mt) or -1
+      p = tonumber(mp) or 0
+      if ms ~= '' then s = ms end
+      if mf ~= '' then fs = mf end
     end
     lines[#lines + 1] = string.format('%s %d %d %d %d %d %s %s %d', r.id, r.e, r.q, n, a, tk, s, fs, p)
   end

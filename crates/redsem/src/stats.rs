@@ -117,24 +117,20 @@ mod millis {
 impl Stats {
     /// The public snapshot of the reply of `stats.lua` (parsed in `protocol`).
     pub(crate) fn from_reply(name: &str, reply: StatsReply) -> Stats {
-        let now = reply.now_ms as f64;
-        let ms = |t: f64| Duration::from_millis((t.max(0.0)) as u64);
+        let now = reply.now_ms;
+        let ms = |t: u64| Duration::from_millis(t);
         let mut holders: Vec<HolderInfo> = reply
             .holders
             .into_iter()
             .map(|e| HolderInfo {
                 fences: e
                     .slots
-                    .unwrap_or_default()
                     .iter()
-                    .zip(e.fences.unwrap_or_default())
-                    .map(|(&s, g)| Fence {
-                        slot: s as u32,
-                        generation: g.get(),
-                    })
+                    .zip(&e.fences)
+                    .map(|(&slot, &generation)| Fence { slot, generation })
                     .collect(),
-                held: ms(now - e.granted_at.unwrap_or(now)),
-                lease_left: ms(e.expires_at.unwrap_or(now) - now),
+                held: ms(now.saturating_sub(e.granted_at.unwrap_or(now))),
+                lease_left: ms(e.expires_at.unwrap_or(now).saturating_sub(now)),
                 id: e.id,
                 label: e.label,
                 permits: e.permits,
@@ -146,9 +142,9 @@ impl Stats {
             .into_iter()
             .enumerate()
             .map(|(position, e)| WaiterInfo {
-                waited: ms(now - e.queued_at),
-                lease_left: ms(e.expires_at.unwrap_or(now) - now),
-                ticket: e.ticket as u64,
+                waited: ms(now.saturating_sub(e.queued_at)),
+                lease_left: ms(e.expires_at.unwrap_or(now).saturating_sub(now)),
+                ticket: e.ticket,
                 priority: e.priority,
                 id: e.id,
                 label: e.label,

@@ -299,9 +299,10 @@ async fn several_grants_in_one_call_run_ahead_of_its_clock_by_at_most_their_numb
         let mut granted: Vec<(u64, u64)> = records
             .iter()
             .map(|r| {
-                let v: serde_json::Value = serde_json::from_str(r.as_str().unwrap()).unwrap();
-                let g: u64 = v["f"][0].as_str().unwrap().parse().unwrap();
-                (g, v["a"].as_u64().unwrap())
+                let r = r.as_str().unwrap();
+                let f = record_field(r, "f");
+                let g: u64 = f.split(',').next().unwrap().parse().unwrap();
+                (g, record_field(r, "a").parse().unwrap())
             })
             .filter(|(g, _)| *g != first.fences()[0].generation)
             .collect();

@@ -376,25 +376,11 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
     for (id, (slots, fences)) in holders.iter_mut() {
         slots.sort();
         let raw: String = r.con.hget(&r.keys[3], id).unwrap();
-        let m: serde_json::Value = serde_json::from_str(&raw).unwrap();
-        let rec: Vec<u32> = m["s"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        // the record's slots and fences (docs/PROTOCOL.md, "Records": fields 10 and 11)
+        let fields: Vec<&str> = raw.splitn(12, '|').collect();
+        let rec: Vec<u32> = fields[9].split(',').map(|x| x.parse().unwrap()).collect();
         assert_eq!(&rec, slots, "record and slot map agree");
-        let raw: Vec<u64> = m["f"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| {
-                x.as_str()
-                    .expect("generations are stored as text")
-                    .parse()
-                    .unwrap()
-            })
-            .collect();
+        let raw: Vec<u64> = fields[10].split(',').map(|x| x.parse().unwrap()).collect();
         *fences = raw;
     }
     let holders = holders

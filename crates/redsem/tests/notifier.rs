@@ -36,9 +36,10 @@ async fn a_grant_whose_notification_was_lost_is_found_by_the_fallback_poll() {
             .as_str()
             .unwrap()
             .to_owned();
-        let suffix = format!("\"c\":\"{}.0\"", client.id());
-        assert!(record.contains(&suffix), "{record}");
-        let rerouted = record.replace(&suffix, "\"c\":\"nowhere\"");
+        // (its channel suffix, the record's fourth field: docs/PROTOCOL.md, "Records")
+        let suffix = format!("|{}.0|", client.id());
+        assert_eq!(record_field(&record, "c"), format!("{}.0", client.id()));
+        let rerouted = record.replacen(&suffix, "|nowhere|", 1);
         server.cmd(&["HSET", "redsem:{lost-msg}:meta", &id, &rerouted]);
         let released = Instant::now();
         held.release().await.unwrap();

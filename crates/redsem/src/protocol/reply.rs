@@ -4,7 +4,6 @@
 //! and `stats.lua` the JSON records of holders and waiters.
 
 use redis::Value;
-use serde::Deserialize;
 
 use crate::error::{CallError, CallResult};
 
@@ -273,79 +272,115 @@ pub(crate) struct StatsReply {
 }
 
 /// One holder or waiter as stored in the `meta` hash (times in ms, Redis `TIME`).
-#[derive(Deserialize)]
 pub(crate) struct Entry {
     pub(crate) id: String,
-    #[serde(rename = "n")]
     pub(crate) permits: u32,
-    #[serde(rename = "lb", default)]
     pub(crate) label: String,
-    #[serde(rename = "t", default)]
-    pub(crate) ticket: f64,
-    /// Its priority class (absent: 0).
-    #[serde(rename = "p", default)]
+    pub(crate) ticket: u64,
+    /// Its priority class (0 by default).
     pub(crate) priority: u8,
     /// When it joined the queue.
-    #[serde(rename = "q", default)]
-    pub(crate) queued_at: f64,
+    pub(crate) queued_at: u64,
     /// When it was granted (holders).
-    #[serde(rename = "a", default)]
-    pub(crate) granted_at: Option<f64>,
-    #[serde(rename = "s", default)]
-    pub(crate) slots: Option<Vec<f64>>,
-    /// The fencing generation of each slot (holders), stored as decimal strings (16 digits:
-    /// cjson would round numbers).
-    #[serde(rename = "f", default)]
-    pub(crate) fences: Option<Vec<Generation>>,
-    /// When its lease expires unless renewed.
-    #[serde(rename = "e", default)]
-    pub(crate) expires_at: Option<f64>,
+    pub(crate) granted_at: Option<u64>,
+    /// Its slots and the fencing generation of each, same order (holders; empty otherwise).
+    pub(crate) slots: Vec<u32>,
+    pub(crate) fences: Vec<u64>,
+    /// When its lease expires unless renewed (`None`: its session has no lease).
+    pub(crate) expires_at: Option<u64>,
 }
 
-/// A fence generation in a stored record: a decimal string (protocol 2), or a number.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(untagged)]
-pub(crate) enum Generation {
-    Text(String),
-    Number(f64),
-}
-
-impl Generation {
-    /// The generation; 0 for text that is not a number (never written by redsem).
-    pub(crate) fn get(&self) -> u64 {
-        match self {
-            Generation::Text(s) => s.parse().unwrap_or(0),
-            Generation::Number(n) => *n as u64,
+/// Reads an entry's record as `stats.lua` returns it, stored in `meta` (the prelude's
+/// `encode`): `n|t|p|c|o|l|w|q|a|s|f|<label length>|<label>`, fields this version does not
+/// know after the label.
+fn record(id: String, raw: &[u8], expires_at: i64) -> CallResult<Entry> {
+    let unreadable = || {
+        CallError::Unreadable(format!(
+            "unreadable entry {id:?} in Redis ({:?}); is another protocol version using these keys?",
+            String::from_utf8_lossy(&raw[..raw.len().min(60)])
+        ))
+    };
+    let mut fields = raw.splitn(12, |&b| b == b'|');
+    let mut next = || fields.next().ok_or_else(unreadable);
+    let num = |f: &[u8]| -> CallResult<u64> {
+        std::str::from_utf8(f)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(unreadable)
+    };
+    let opt = |f: &[u8]| -> CallResult<Option<u64>> {
+        if f.is_empty() {
+            Ok(None)
+        } else {
+            num(f).map(Some)
         }
-    }
+    };
+    let list = |f: &[u8]| -> CallResult<Vec<u64>> {
+        if f.is_empty() {
+            return Ok(Vec::new());
+        }
+        f.split(|&b| b == b',').map(num).collect()
+    };
+    let permits = num(next()?)? as u32;
+    let ticket = num(next()?)?;
+    let priority = opt(next()?)?.unwrap_or(0) as u8;
+    let _channel = next()?;
+    let _owner = next()?;
+    let _lease = next()?;
+    let _wait_lease = next()?;
+    let queued_at = num(next()?)?;
+    let granted_at = opt(next()?)?;
+    let slots = list(next()?)?.into_iter().map(|s| s as u32).collect();
+    let fences = list(next()?)?;
+    let tail = next()?;
+    let at = tail
+        .iter()
+        .position(|&b| b == b'|')
+        .ok_or_else(unreadable)?;
+    let len = num(&tail[..at])? as usize;
+    let label = tail.get(at + 1..at + 1 + len).ok_or_else(unreadable)?;
+    Ok(Entry {
+        label: String::from_utf8_lossy(label).into_owned(),
+        id,
+        permits,
+        ticket,
+        priority,
+        queued_at,
+        granted_at,
+        slots,
+        fences,
+        expires_at: u64::try_from(expires_at).ok(),
+    })
+}
+
+/// The entries of `stats.lua`'s `{id, record, expiry, ...}`.
+fn entries(v: Option<&Value>) -> CallResult<Vec<Entry>> {
+    let items = array(v.ok_or_else(|| unexpected(&Value::Nil))?)?;
+    items
+        .chunks(3)
+        .map(|e| match e {
+            [id, Value::BulkString(raw), expiry] => {
+                record(string(Some(id))?, raw, int(Some(expiry))?)
+            }
+            _ => Err(unexpected(&Value::Array(e.to_vec()))),
+        })
+        .collect()
 }
 
 /// Parses the reply of `stats.lua` (the same with the guard of the operator functions).
 pub(super) fn stats(v: &Value) -> CallResult<StatsReply> {
     let items = array(v)?;
-    let entries = |json: String| -> CallResult<Vec<Entry>> {
-        serde_json::from_str(&json).map_err(|e| {
-            CallError::Unreadable(format!(
-                "unreadable entry in Redis ({e}); is another protocol version using these keys?"
-            ))
-        })
-    };
-    let holders = entries(string(items.get(5))?)?;
-    let waiters = entries(string(items.get(6))?)?;
-    // (the counts are trailing elements: absent from the scripts of before, which listed all)
-    let count = |i: usize, listed: usize| match items.get(i) {
-        Some(v) => int(Some(v)).map(|n| n.max(0) as u64),
-        None => Ok(listed as u64),
-    };
+    let holders = entries(items.get(5))?;
+    let waiters = entries(items.get(6))?;
     Ok(StatsReply {
-        holder_count: count(8, holders.len())?,
-        waiter_count: count(9, waiters.len())?,
+        holder_count: int(items.get(8))?.max(0) as u64,
+        waiter_count: int(items.get(9))?.max(0) as u64,
         now_ms: int(items.first())? as u64,
         limit: int(items.get(1))? as u32,
         in_use: int(items.get(2))? as u32,
         grants: int(items.get(3))? as u64,
         expired: int(items.get(4))? as u64,
-        repairs: items.get(7).map_or(Ok(0), |v| int(Some(v)))? as u64,
+        repairs: int(items.get(7))? as u64,
         holders,
         waiters,
     })

@@ -115,6 +115,20 @@ pub async fn assert_nothing_left(server: &Server, name: &str) {
     }
 }
 
+/// The field `name` of an entry's record as stored in `meta` (docs/PROTOCOL.md, "Records":
+/// `n|t|p|c|o|l|w|q|a|s|f|<label length>|<label>`): `"n"`, `"t"`, ... `"f"`, or `"lb"`, the
+/// label.
+pub fn record_field(raw: &str, name: &str) -> String {
+    const NAMES: [&str; 11] = ["n", "t", "p", "c", "o", "l", "w", "q", "a", "s", "f"];
+    let fields: Vec<&str> = raw.splitn(12, '|').collect();
+    if name == "lb" {
+        let (len, rest) = fields[11].split_once('|').unwrap();
+        return rest[..len.parse::<usize>().unwrap()].to_owned();
+    }
+    let i = NAMES.iter().position(|n| *n == name).unwrap();
+    fields[i].to_owned()
+}
+
 /// Polls `cond` every 10 ms until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + within;

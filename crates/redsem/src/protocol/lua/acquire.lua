@@ -16,8 +16,7 @@
 --        handled (a snapshot for Semaphore::available_permits).
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
-check_zset(K_OWN)
-local limit = load_limit()
+local limit = load_limit() -- (it reads `own` before any write: see check_lost)
 settle(now, limit, false)
 local used = held_count()
 -- The place (score_of) of the head of the queue: nil until read, math.huge when nobody waits.
@@ -52,8 +51,12 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
   -- ahead of it. Without a priority everyone queued is ahead (their places are below any new
   -- ticket); with one, only those whose place is at or below its own.
   if head == nil then
-    local h = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
-    head = #h > 0 and tonumber(h[2]) or math.huge
+    if QLEN == 0 then
+      head = math.huge
+    else
+      local h = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+      head = #h > 0 and tonumber(h[2]) or math.huge
+    end
   end
   -- (its place with the ticket it takes if it is granted or queued; a try that fails takes
   -- none)

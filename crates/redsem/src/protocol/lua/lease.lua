@@ -14,7 +14,6 @@
 --        {-3}                       (ARGV 6 without adopting) it belongs to another handle:
 --                                   another client adopted it (a hand-off)
 local now = now_ms()
-check_zset(K_OWN)
 ONLY_EXISTING = true
 local limit = load_limit()
 if not limit then return { -1 } end -- deleted (delete.lua): not re-created
@@ -35,6 +34,6 @@ if old ~= new then
   if adopt and detached then redis.call('ZREM', K_EXP, old) end
 end
 redis.call('ZADD', K_EXP, 'GT', now + m.l, new)
-redis.call('HSET', K_META, id, cjson.encode(m))
+redis.call('HSET', K_META, id, encode(m))
 finish()
 return held_reply(m)

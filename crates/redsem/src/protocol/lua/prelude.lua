@@ -11,14 +11,17 @@
 --                  less AGING per priority class; the ticket itself without a priority)
 --   3 exp    zset  session leases: member = session id, score = expiry (ms, Redis TIME); '#'
 --                  (score +inf, never expires) marks it as complete (its loss is detected by it)
---   4 meta   hash  id -> JSON {n, c (client channel suffix), l (holder lease ms), w (waiter lease ms),
---                  lb (label), t (ticket), q (enqueued ms), a (acquired ms), s (slots),
---                  p (priority class, 1..9; absent for the default 0),
---                  f (fences, as decimal strings: cjson would round 16-digit numbers)}
+--   4 meta   hash  id -> the entry's record (encode/decode below): its fields in a fixed order,
+--                  separated by '|', the label last, after its length in bytes:
+--                  'n|t|p|c|o|l|w|q|a|s|f|<label length>|<label>'
+--                  n permits, t ticket, p priority class (1..9; '' for the default 0),
+--                  c client channel suffix, o owner once detached ('' otherwise), l holder
+--                  lease ms, w waiter lease ms, q enqueued ms, a acquired ms ('' while queued),
+--                  s slots and f their fences (decimal), each comma-separated ('' while queued)
 --   5 slots  hash  slot number -> id of its holder (a loss of the map is detected by
 --                  held_count: nothing is mapped while cfg.hw says that something is held)
 --   6 free   zset  the free slot numbers below both the limit and cfg.hw (member = score = slot);
---                  the slots from hw up to the limit are free too, unlisted (see take_slots)
+--                  the slots from hw up to the limit are free too, unlisted (see pop_free)
 --   7 own    zset  the entries of each session, all scored 0 (a lexicographic index):
 --                  '<session>|<id>' for a live entry; '<session>|!<id>' for an entry an
 --                  operator removed (a forced release) and '<session>|!!<id>' for a waiter
@@ -128,6 +131,55 @@ local function queue_remove(list)
   CFG_DIRTY = true
 end
 
+-- An entry's record (the `meta` hash) as a table: n, t, l, w (numbers), p (number, nil for
+-- class 0), c, o (nil unless detached), q, a (nil while queued), s (slot numbers) and f (their
+-- fences, decimal strings; both nil while queued), and `tail`: the label's length, '|' and the
+-- label (what follows, a later version's fields, is kept as it is). A new record has `lb`, its
+-- label, instead of `tail`. One string.match decodes a record; no number is formatted or parsed
+-- that is only passed on (docs/PROTOCOL.md, "Records").
+local RECORD = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|'
+  .. '([^|]*)|([^|]*)|(.*)$'
+
+local function decode(raw)
+  local n, t, p, c, o, l, w, q, a, s, f, tail = string.match(raw, RECORD)
+  if not tail then
+    error({ err = 'REDSEM_CORRUPT unreadable record in key ' .. K_META .. ': '
+      .. string.format('%q', string.sub(raw, 1, 60)) })
+  end
+  local m = { n = tonumber(n), t = tonumber(t), c = c, l = tonumber(l), w = tonumber(w), q = q,
+    tail = tail }
+  if p ~= '' then m.p = tonumber(p) end
+  if o ~= '' then m.o = o end
+  if a ~= '' then
+    m.a = a
+    if string.find(s, ',', 1, true) then
+      local slots, fences = {}, {}
+      for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x) end
+      for x in string.gmatch(f, '[^,]+') do fences[#fences + 1] = x end
+      m.s, m.f = slots, fences
+    else
+      m.s, m.f = { tonumber(s) }, { f }
+    end
+  end
+  return m
+end
+
+local function encode(m)
+  local s, f = '', ''
+  if m.s then s = table.concat(m.s, ','); f = table.concat(m.f, ',') end
+  return m.n .. '|' .. m.t .. '|' .. (m.p or '') .. '|' .. m.c .. '|' .. (m.o or '') .. '|'
+    .. m.l .. '|' .. m.w .. '|' .. m.q .. '|' .. (m.a or '') .. '|' .. s .. '|' .. f .. '|'
+    .. (m.tail or (#m.lb .. '|' .. m.lb))
+end
+
+-- The label of a record.
+local function label_of(m)
+  if m.lb then return m.lb end
+  local len, at = string.match(m.tail, '^(%d+)|()')
+  if not len then return '' end
+  return string.sub(m.tail, at, at + tonumber(len) - 1)
+end
+
 -- The writes of a batch (acquire.lua): while BUF is set (a table as below), write_entry
 -- gathers the records, slot mappings, index entries, queue entries and session leases it
 -- writes there, and flush() makes them with one command per key instead of one per entry.
@@ -175,7 +227,7 @@ local function write_entry(id, m, map, score, sid, until_ms)
     end
     local t = b.meta
     b.rec[id] = m
-    t[#t + 1] = id; t[#t + 1] = cjson.encode(m)
+    t[#t + 1] = id; t[#t + 1] = encode(m)
     return
   end
   if map then redis.call('HSET', K_SLOTS, unpack(map)) end
@@ -184,20 +236,20 @@ local function write_entry(id, m, map, score, sid, until_ms)
     redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
     redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
   end
-  redis.call('HSET', K_META, id, cjson.encode(m))
+  redis.call('HSET', K_META, id, encode(m))
 end
 
 local function get_meta(id)
   if BUF and BUF.rec[id] then return BUF.rec[id] end
   local raw = redis.call('HGET', K_META, id)
   if not raw then return nil end
-  return cjson.decode(raw)
+  return decode(raw)
 end
 
 -- The session an entry belongs to: its waiter session while queued, its holder session once
--- granted.
+-- granted. (Leases are whole milliseconds below 2^53: '..' writes them as integers.)
 local function sess_of(m)
-  return (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
+  return (m.o or m.c) .. '~' .. (m.s and m.l or m.w)
 end
 
 local check_all_then_repair -- (defined below, with the rare paths)
@@ -398,7 +450,7 @@ local function rare()
     end
     local metas = redis.call('HGETALL', K_META)
     for i = 1, #metas, 2 do
-      local id, m = metas[i], cjson.decode(metas[i + 1])
+      local id, m = metas[i], decode(metas[i + 1])
       for _, s in ipairs(m.s or {}) do
         if mapped[s] == nil then
           mapped[s] = id
@@ -435,7 +487,7 @@ local function rare()
     R.count_repair()
     local metas = redis.call('HGETALL', K_META)
     for j = 1, #metas, 2 do
-      redis.call('ZADD', K_OWN, 0, sess_of(cjson.decode(metas[j + 1])) .. '|' .. metas[j])
+      redis.call('ZADD', K_OWN, 0, sess_of(decode(metas[j + 1])) .. '|' .. metas[j])
     end
     redis.call('ZADD', K_OWN, 0, '#')
     R.rebuild_slots(LIMIT)
@@ -472,7 +524,7 @@ local function rare()
     R.count_repair()
     local metas = redis.call('HGETALL', K_META)
     for j = 1, #metas, 2 do
-      local m = cjson.decode(metas[j + 1])
+      local m = decode(metas[j + 1])
       if not m.s then redis.call('ZADD', K_QUEUE, score_of(m), metas[j]) end
     end
     QLEN = redis.call('ZCARD', K_QUEUE)
@@ -485,7 +537,7 @@ local function rare()
     local top = 0
     local metas = redis.call('HGETALL', K_META)
     for j = 2, #metas, 2 do
-      local t = cjson.decode(metas[j]).t
+      local t = decode(metas[j]).t
       if t and t > top then top = t end
     end
     local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
@@ -592,7 +644,7 @@ local function get_metas(ids)
     local raws = redis.call('HMGET', K_META, unpack(a))
     for j = 1, #a do
       local raw = raws[j]
-      out[#out + 1] = raw and cjson.decode(raw) or false
+      out[#out + 1] = raw and decode(raw) or false
     end
   end)
   return out
@@ -610,11 +662,12 @@ end
 -- positive integer and a `ver` (if any) that is one too, or no limit but a `ver` (a
 -- configuration to re-create). Another program's hash under our key name (`limit banana`,
 -- or other fields only) is not adopted, misread as another protocol version, or deleted.
+local function positive_int(v)
+  local n = tonumber(v)
+  return n ~= nil and n >= 1 and n == math.floor(n)
+end
 local function check_ours(limit, ver)
-  local function int(v)
-    local n = tonumber(v)
-    return n ~= nil and n >= 1 and n == math.floor(n)
-  end
+  local int = positive_int
   local why = nil
   if limit and not int(limit) then
     why = 'its field limit is ' .. string.format('%q', string.sub(limit, 1, 40))
@@ -760,6 +813,7 @@ local function pump(now, limit)
   local out = {}
   local used = nil
   while true do
+    if QLEN <= 0 then break end -- (nobody queued: QLEN counts the queue, see check_lost)
     local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
     if not head then break end
     used = used or held_count()

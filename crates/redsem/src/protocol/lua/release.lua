@@ -18,8 +18,8 @@ local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
 -- to create
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
-check_zset(K_OWN); check_hash(K_SLOTS); check_zset(K_FREE); check_zset(K_QUEUE)
-if k > 0 then check_zset(K_EXP) end
+-- (load_limit reads `own`, `exp` and `queue` before any write: see check_lost)
+check_hash(K_SLOTS); check_zset(K_FREE)
 ONLY_EXISTING = true
 local limit = load_limit()
 if not limit then -- deleted (delete.lua): nothing left, nothing re-created
@@ -40,7 +40,7 @@ for i = 7 + k, 6 + k + d do
     redis.call('ZREM', K_OWN, old .. '|' .. id)
     redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
     redis.call('ZADD', K_EXP, 'NX', until_ms, new)
-    redis.call('HSET', K_META, id, cjson.encode(m))
+    redis.call('HSET', K_META, id, encode(m))
   end
 end
 local ids, seen = {}, {}

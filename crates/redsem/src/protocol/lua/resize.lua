@@ -51,6 +51,6 @@ finish()
 if not report then return old end
 local rejected = {}
 for _, r in ipairs(out) do
-  if not r[3] then rejected[#rejected + 1] = { r[1], r[2].n, r[2].lb or '' } end
+  if not r[3] then rejected[#rejected + 1] = { r[1], r[2].n, label_of(r[2]) } end
 end
 return { old, new, rejected }

@@ -8,11 +8,12 @@
 -- ARGV (after the common header): 4 (optional) how many holders and waiters to list at most
 --   (default 100), 5 (optional) the position in the queue the list of waiters starts at
 --   (default 0, the head)
--- Reply: {now_ms, limit, permits_in_use, grants, expired, holders_json, waiters_json, repairs,
---         holders, waiters}
--- holders_json: JSON array of up to ARGV 4 holders' records, each with its id ("id") and the
--- lease expiry of its session ("e"), in no particular order (all of them when there are no
--- more); waiters_json: the same for the waiters from position ARGV 5 on, in queue (FIFO) order;
+-- Reply: {now_ms, limit, permits_in_use, grants, expired, listed_holders, listed_waiters,
+--         repairs, holders, waiters}
+-- listed_holders: up to ARGV 4 holders, in no particular order (all of them when there are no
+-- more), as {id, record, expiry, id, record, expiry, ...}: its id, its record as stored (see
+-- the prelude's decode) and the lease expiry of its session (ms; -1 for none);
+-- listed_waiters: the same for the waiters from position ARGV 5 on, in queue (FIFO) order;
 -- holders, waiters: how many there are in all. limit: the stored one (the caller's, ARGV 1,
 -- when the configuration is missing: every counter is then 0).
 local now = now_ms()
@@ -53,19 +54,19 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0,
 end
 
 local expiry = {} -- session -> lease expiry (ms), read once each
+-- {id, record, expiry, ...} of the entries `ids` that have a record and were not left out
 local function entries(ids)
   local arr = {}
-  local ms = get_metas(ids)
+  if #ids == 0 then return arr end
+  local raws = redis.call('HMGET', K_META, unpack(ids))
   for i, id in ipairs(ids) do
-    local m = ms[i]
-    if m and not dead[id] then
-      m.id = id
-      local sid = sess_of(m)
+    local raw = raws[i]
+    if raw and not dead[id] then
+      local sid = sess_of(decode(raw))
       if expiry[sid] == nil then
-        expiry[sid] = tonumber(redis.call('ZSCORE', K_EXP, sid)) or false
+        expiry[sid] = tonumber(redis.call('ZSCORE', K_EXP, sid)) or -1
       end
-      m.e = expiry[sid] or nil
-      arr[#arr + 1] = m
+      arr[#arr + 1] = id; arr[#arr + 1] = raw; arr[#arr + 1] = expiry[sid]
     end
   end
   return arr
@@ -88,7 +89,6 @@ for _ = 1, (max > 0 and 8 or 0) do
 end
 local waiting = max > 0 and redis.call('ZRANGE', K_QUEUE, from, from + max - 1) or {}
 local h, w = entries(holder_ids), entries(waiting)
-local function enc(t) if #t == 0 then return '[]' end return cjson.encode(t) end
 local queued = redis.call('ZCARD', K_QUEUE)
 local holders = redis.call('HLEN', K_META) - queued - gone_holders
 if holders < 0 then holders = 0 end
@@ -98,5 +98,5 @@ local in_use = redis.call('HLEN', K_SLOTS) - gone_slots
 if in_use < 0 then in_use = 0 end
 -- (the entries left out count as expired, as they will be once reaped)
 return { now, limit, in_use, tonumber(cfg[3] or '0'),
-  tonumber(cfg[4] or '0') + gone_holders + gone_waiters, enc(h), enc(w),
+  tonumber(cfg[4] or '0') + gone_holders + gone_waiters, h, w,
   tonumber(cfg[5] or '0'), holders, waiters }
