@@ -119,6 +119,8 @@ mod stats;
 pub mod tower;
 // engine
 mod engine;
+// core (pure: no I/O)
+mod core;
 // protocol
 mod protocol;
 // transport
@@ -148,7 +150,7 @@ pub use stats::{HolderInfo, Stats, WaiterInfo};
 /// Not a public API: no stability promise.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::engine::margin;
+    pub use crate::core::margin;
     pub use crate::protocol::ids::session_id;
     pub use crate::protocol::keys::Keys;
 }

@@ -5,10 +5,14 @@
 //! folder's `mod.rs`), resolves each to the file that defines it, and checks the edges
 //! against the layer order documented in `docs/ARCHITECTURE.md`:
 //!
-//! public API → engine → protocol → backend → metrics / keys → error
+//! public API → engine → core → protocol → backend → metrics → error
 //!
 //! A file may import files of its own layer or below, never above, and the file graph has no
 //! cycle. Comments and `#[cfg(test)]` modules are not read. No server needed.
+//!
+//! Also here, the other structural rules of docs/ARCHITECTURE.md: the core does no I/O
+//! (`the_core_is_pure`), and no function of the library is over 100 lines
+//! (`no_function_is_over_100_lines`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,10 +25,11 @@ fn rank(file: &str) -> Option<u32> {
         "keys.rs" | "metrics.rs" => 1,
         "backend" => 2,
         "protocol" => 3,
-        "engine" => 4,
+        "core" => 4,
+        "engine" => 5,
         "lib.rs" | "semaphore.rs" | "builder.rs" | "permit.rs" | "client.rs" | "admin.rs"
         | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs"
-        | "handoff.rs" => 5,
+        | "handoff.rs" => 6,
         _ => return None,
     })
 }
@@ -253,4 +258,154 @@ fn imports_point_down_and_do_not_loop() {
     assert!(edges["engine/batch.rs"].contains("protocol/mod.rs"));
     assert!(edges["protocol/mod.rs"].contains("backend/mod.rs"));
     assert!(edges["tower.rs"].contains("permit.rs"));
+}
+
+/// Every `.rs` file under `src/`, relative path and text.
+fn sources() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            (rel, std::fs::read_to_string(p).unwrap())
+        })
+        .collect()
+}
+
+/// The core (`src/core/`) decides and keeps state, nothing else: no Redis type, no task, no
+/// socket, no lock, no `.await`, and it never reads the clock (every `now` is an argument).
+/// Its one use of tokio is the `Instant` type (so that tests drive it in paused time).
+#[test]
+fn the_core_is_pure() {
+    let forbidden = [
+        "redis::",
+        "async ",
+        ".await",
+        "tokio::spawn",
+        "tokio::sync",
+        "tokio::net",
+        "tokio::io",
+        "tokio::task",
+        "tokio::select",
+        "std::net",
+        "std::fs",
+        "std::thread",
+        "Mutex",
+        "RwLock",
+        "Instant::now()",
+        "SystemTime",
+        "crate::engine",
+        "crate::backend",
+    ];
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for (file, text) in sources().iter().filter(|(f, _)| f.starts_with("core/")) {
+        seen += 1;
+        for (n, line) in code(text).lines().enumerate() {
+            for f in forbidden.iter().filter(|f| line.contains(*f)) {
+                problems.push(format!("{file}:{}: {f:?} in {line:?}", n + 1));
+            }
+            if line.contains("tokio::") && !line.contains("tokio::time::Instant") {
+                problems.push(format!("{file}:{}: tokio beyond Instant: {line:?}", n + 1));
+            }
+        }
+    }
+    assert!(seen >= 4, "the core's files were not found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The functions of a file's text (test modules included) longer than `max` lines, from the
+/// `fn` line to its closing brace: `(name, first line, lines)`. Strings, chars and
+/// comments are skipped when counting braces.
+fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("//") {
+            continue;
+        }
+        let Some(at) = t.find("fn ").filter(|&at| {
+            let before = &t[..at];
+            before.is_empty() || before.ends_with(' ') || before.ends_with('(')
+        }) else {
+            continue;
+        };
+        let name: String = t[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        let (mut depth, mut opened) = (0i64, false);
+        for (j, l) in lines.iter().enumerate().skip(i) {
+            for c in braces(l) {
+                depth += if c == '{' { 1 } else { -1 };
+                opened = true;
+            }
+            if !opened && l.trim_end().ends_with(';') {
+                break; // a declaration without a body
+            }
+            if opened && depth <= 0 {
+                if j + 1 - i > max {
+                    out.push((name.clone(), i + 1, j + 1 - i));
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The braces of one line of code, outside strings, chars and `//` comments.
+fn braces(line: &str) -> Vec<char> {
+    let mut out = Vec::new();
+    let mut chars = line.chars().peekable();
+    let mut in_str = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if in_str => {
+                chars.next();
+            }
+            '"' => in_str = !in_str,
+            '/' if !in_str && chars.peek() == Some(&'/') => break,
+            '\'' if !in_str => {
+                // a char literal ('{', '\'', '\\') or a lifetime ('a)
+                let rest: String = chars.clone().take(3).collect();
+                if rest.starts_with("\\") {
+                    chars.nth(2);
+                } else if rest.chars().nth(1) == Some('\'') {
+                    chars.nth(1);
+                }
+            }
+            '{' | '}' if !in_str => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// No function of the library is over 100 lines (issue 25: long functions mixed I/O with
+/// state changes; each step now has a name).
+#[test]
+fn no_function_is_over_100_lines() {
+    let mut problems = Vec::new();
+    for (file, text) in sources() {
+        for (name, line, n) in long_functions(&text, 100) {
+            problems.push(format!("{file}:{line}: fn {name} has {n} lines"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // the scanner sees what it is meant to see
+    let body = "fn big() {\n".to_owned() + &"    let s = \"}\"; let c = '{';\n".repeat(101) + "}\n";
+    assert_eq!(long_functions(&body, 100), [("big".to_owned(), 1, 103)]);
+    assert!(long_functions("fn small() {}\nfn decl();\n", 100).is_empty());
 }
