@@ -79,11 +79,11 @@ impl Sentinel {
         let (host, port) = probe
             .lookup(&mut link)
             .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+            .map_err(|e| Error::from_server(e))?;
         let conn = probe
             .connect_master(&host, port)
             .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+            .map_err(|e| Error::from_server(e))?;
         tracing::info!(master = %probe.spec.master_name, host, port, "sentinel: connected to the master");
         *probe.current.write().unwrap() = Master {
             generation: 1,
@@ -322,10 +322,9 @@ struct Link {
 
 /// A lazy manager that never connects (for the moment before the first master is known).
 fn placeholder_manager() -> Result<ConnectionManager, Error> {
-    let client =
-        redis::Client::open("redis://127.0.0.1:1/").map_err(|e| Error::from_redis(e, ""))?;
+    let client = redis::Client::open("redis://127.0.0.1:1/").map_err(|e| Error::from_server(e))?;
     ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-        .map_err(|e| Error::from_redis(e, ""))
+        .map_err(|e| Error::from_server(e))
 }
 
 /// The follower task: checks the master when asked (errors, `+switch-master`) and every few

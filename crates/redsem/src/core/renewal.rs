@@ -65,8 +65,7 @@ impl<W, H> HandleState<W, H> {
         }
         let mut effects = Vec::new();
         // Removed by someone else: holders are lost; a waiter an operator removed fails, a
-        // rejected one asks again (Redis answers with the current limit), and one removed for
-        // a reason not given queues again. First: a waiter checked below finds its entry gone
+        // rejected one asks again (Redis answers with the current limit). First: a waiter checked below finds its entry gone
         // too, which alone would queue it again.
         for (id, by) in renewal.removed {
             effects.push(if self.holder(&id).is_some() {
@@ -75,7 +74,6 @@ impl<W, H> HandleState<W, H> {
                 let outcome = match by {
                     RemovedBy::Operator => Outcome::Removed,
                     RemovedBy::Rejected => Outcome::Rejected,
-                    RemovedBy::Unknown => Outcome::Lost,
                 };
                 Effect::Resolve(id.into(), outcome)
             });
@@ -201,7 +199,7 @@ mod tests {
         Renewal {
             next_expiry: None,
             states,
-            seen: None,
+            seen: (1, 1),
             had_lease: vec![true],
             head: Some(4),
             served: vec![3],
@@ -281,7 +279,7 @@ mod tests {
     }
 
     /// Entries someone else removed: a holder is lost, a waiter learns why (an operator:
-    /// removed; a shrink: rejected, it asks again; no reason: lost, it queues again), before
+    /// removed; a shrink: rejected, it asks again), before
     /// the states (a removed waiter is also found gone); a deleted semaphore loses its
     /// holders with `Deleted`.
     #[tokio::test(start_paused = true)]
@@ -293,7 +291,6 @@ mod tests {
             ("x".into(), RemovedBy::Operator),
             ("w1".into(), RemovedBy::Operator),
             ("w2".into(), RemovedBy::Rejected),
-            ("w3".into(), RemovedBy::Unknown),
         ];
         r.deleted = true;
         let holders = ["h".to_owned()];
@@ -313,7 +310,6 @@ mod tests {
                 "lose x NotHolder",
                 "resolve w1 removed",
                 "resolve w2 rejected",
-                "resolve w3 lost",
                 "lose h Deleted",
                 "resolve w1 lost"
             ]

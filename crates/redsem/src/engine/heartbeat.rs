@@ -217,18 +217,26 @@ async fn renew_call(
     waiters: &[Arc<str>],
 ) -> Call {
     let sent = Instant::now();
-    let (reply, poked) = send_renewal(hb, sessions, holders, waiters, sent).await;
+    let span = tracing::debug_span!(
+        "redsem.renew",
+        semaphore = %hb.name(),
+        sessions = sessions.len(),
+        holders = holders.len(),
+        waiters = waiters.len(),
+    );
+    let (reply, poked) = send_renewal(hb, sessions, holders, waiters, sent)
+        .instrument(span.clone())
+        .await;
     let now = Instant::now();
     if !sessions.is_empty() {
         crate::metrics::renewal(hb.name(), matches!(reply, Ok(Ok((_, true)))));
     }
     let ok = match reply {
         Ok(Ok((renewal, replicated))) => {
-            if let Some((free, limit)) = renewal.seen {
-                hb.remote.set_free(free);
-                hb.remote.set_limit(limit);
-            }
-            tracing::debug!(semaphore = %hb.name(), replicated, "renewed");
+            let (free, limit) = renewal.seen;
+            hb.remote.set_free(free);
+            hb.remote.set_limit(limit);
+            tracing::debug!(parent: &span, replicated, "renewed");
             let lease_ms: Vec<u64> = sessions.iter().map(|(_, ms)| *ms).collect();
             let call = RenewalCall {
                 sent,
@@ -288,14 +296,7 @@ async fn send_renewal(
         .map(String::as_str)
         .chain(waiters.iter().map(|id| &**id))
         .collect();
-    let span = tracing::debug_span!(
-        "redsem.renew",
-        semaphore = %hb.name(),
-        sessions = sessions.len(),
-        holders = holders.len(),
-        waiters = waiters.len(),
-    );
-    let renew = renew(hb, &sessions, &ids).instrument(span);
+    let renew = renew(hb, &sessions, &ids);
     tokio::pin!(renew);
     let mut poked = false;
     loop {

@@ -257,7 +257,7 @@ mod tests {
         Renewal {
             next_expiry: None,
             states: Vec::new(),
-            seen: None,
+            seen: (1, 1),
             had_lease: Vec::new(),
             head: None,
             served: Vec::new(),

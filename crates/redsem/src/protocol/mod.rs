@@ -20,6 +20,7 @@ use redis::{Script, Value};
 
 pub(crate) use crate::backend::Conn;
 pub(crate) use crate::backend::Node;
+use crate::codes::Code;
 use crate::error::{CallError, CallResult};
 use crate::protocol::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
@@ -96,7 +97,10 @@ impl Lua {
             then(&mut pipe);
             let values = conn.pipeline_on_key(&t.keys.cfg, &pipe).await?;
             match values.first() {
-                Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && attempt == 0 => {
+                Some(Value::ServerError(e))
+                    if Code::of_reply(e.code(), &e.to_string()) == Code::NoScript
+                        && attempt == 0 =>
+                {
                     self.load(conn).await?;
                 }
                 Some(Value::ServerError(e)) => return Err(self.explain(e.clone().into(), t)),
