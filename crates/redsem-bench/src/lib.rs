@@ -13,6 +13,7 @@
 pub mod chart;
 pub mod designs;
 pub mod harness;
+pub mod hold;
 pub mod metrics;
 pub mod report;
 pub mod scenarios;

@@ -218,6 +218,14 @@ fn every_design_and_scenario_runs_correctly() {
                     );
                     assert!(f(rep, "redis_cmds_per_job") > 0.0, "{what}");
                     assert!(f(rep, "round_trips_per_job") > 0.0, "{what}");
+                    // a hold is never shorter than asked (it ends at a deadline, not after a
+                    // sleep that may be cut short)
+                    let asked = r["params"]["hold_ms"].as_f64().unwrap();
+                    if asked > 0.0 {
+                        assert!(f(rep, "hold_mean_ms") >= asked * 0.999, "{what}: {rep}");
+                        assert!(f(rep, "hold_p99_ms") >= asked * 0.999, "{what}: {rep}");
+                        assert!(f(rep, "slot_use") > 0.0, "{what}: {rep}");
+                    }
                 }
             }
         }
