@@ -60,6 +60,15 @@ fn crash_cell(all: &[ScenarioResult], r: &ScenarioResult) -> String {
     }
 }
 
+/// The headers of the measured holds' columns, with the hold asked for.
+fn hold_columns(r: &ScenarioResult) -> (String, String) {
+    let asked = r.params.hold_ms;
+    (
+        format!("mean hold ms (asked {asked})"),
+        format!("p99 hold ms (asked {asked})"),
+    )
+}
+
 fn row(out: &mut String, cells: &[String]) {
     out.push_str("| ");
     out.push_str(&cells.join(" | "));
@@ -100,12 +109,14 @@ pub fn render(report: &Report) -> String {
         );
         match kind {
             ScenarioKind::Base | ScenarioKind::Scale => {
+                let (mean_hold, p99_hold) = hold_columns(first);
                 let mut cols = vec![
                     "design",
                     "run s",
                     "efficiency",
                     "slot use",
-                    "mean hold ms",
+                    &mean_hold,
+                    &p99_hold,
                     "wait p50 ms",
                     "wait p99 ms",
                     "wait max ms",
@@ -133,7 +144,8 @@ pub fn render(report: &Report) -> String {
                         run_cell(r),
                         cell(r, "efficiency", 2),
                         cell(r, "slot_use", 2),
-                        cell(r, "hold_mean_ms", 1),
+                        cell(r, "hold_mean_ms", 2),
+                        cell(r, "hold_p99_ms", 2),
                         cell(r, "wait_p50_ms", 0),
                         cell(r, "wait_p99_ms", 0),
                         cell(r, "wait_max_ms", 0),
@@ -190,6 +202,7 @@ pub fn render(report: &Report) -> String {
                 }
             }
             ScenarioKind::Handoff => {
+                let (mean_hold, p99_hold) = hold_columns(first);
                 let cols = [
                     "design",
                     "handoff p50 ms",
@@ -197,6 +210,9 @@ pub fn render(report: &Report) -> String {
                     "handoff max ms",
                     "run s",
                     "efficiency",
+                    "slot use",
+                    &mean_hold,
+                    &p99_hold,
                     "wait p99 ms",
                     "max holders",
                     "round trips/job",
@@ -218,6 +234,9 @@ pub fn render(report: &Report) -> String {
                             cell(r, "handoff_max_ms", 2),
                             run_cell(r),
                             cell(r, "efficiency", 2),
+                            cell(r, "slot_use", 2),
+                            cell(r, "hold_mean_ms", 2),
+                            cell(r, "hold_p99_ms", 2),
                             cell(r, "wait_p99_ms", 0),
                             cell(r, "max_holders", 0),
                             cell(r, "round_trips_per_job", 1),
@@ -302,6 +321,10 @@ pub fn render(report: &Report) -> String {
             }
             ScenarioKind::Idle | ScenarioKind::Many => idle_table(&mut out, kind, &rows),
             ScenarioKind::Synced => synced_table(&mut out, &rows),
+            ScenarioKind::Admin => {
+                admin_table(&mut out, &rows);
+                admin_memory_table(&mut out, &rows);
+            }
         }
         let errs: Vec<String> = rows
             .iter()
@@ -350,6 +373,134 @@ fn synced_table(out: &mut String, rows: &[&ScenarioResult]) {
             complete_reps(r),
         ]
     });
+}
+
+/// The `admin` table: one row per operation, number of waiters and limit.
+fn admin_table(out: &mut String, rows: &[&ScenarioResult]) {
+    use crate::scenarios::admin::{Op, SMALL_LIMIT};
+    let cols = [
+        "op",
+        "waiters",
+        "limit",
+        "Redis µs/op",
+        "vs 0 waiters, limit 10",
+        "target",
+        "round trips/op",
+        "commands inside scripts/op",
+        "client ms/op",
+        "requests/op (last rep)",
+        "complete reps",
+    ];
+    header(out, &cols);
+    let measured: Vec<&ScenarioResult> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.skipped.is_none())
+        .collect();
+    for r in rows.iter().filter(|r| r.skipped.is_some()) {
+        skipped_row(out, r, cols.len());
+    }
+    let base = measured
+        .iter()
+        .find(|r| r.params.waiters == Some(0) && r.params.limit == SMALL_LIMIT);
+    for op in Op::ALL {
+        let key = |k: &str| format!("{}_{k}", op.name());
+        let us = key("redis_us");
+        let base_us = base.and_then(|b| b.median(&us));
+        for r in &measured {
+            let ratio = r.median(&us).zip(base_us).map(|(x, b)| x / b);
+            row(
+                out,
+                &[
+                    format!("`{}`", op.name()),
+                    r.params.waiters.unwrap_or(0).to_string(),
+                    r.params.limit.to_string(),
+                    cell(r, &us, 0),
+                    ratio.map_or("-".into(), |x| format!("{x:.2}")),
+                    admin_latency_target(op, r, base_us),
+                    cell(r, &key("round_trips"), 2),
+                    cell(r, &key("inner_cmds"), 0),
+                    cell(r, &key("wall_ms"), 1),
+                    r.reps
+                        .last()
+                        .and_then(|x| x.notes.get(&key("sent")).cloned())
+                        .unwrap_or_default(),
+                    complete_reps(r),
+                ],
+            );
+        }
+    }
+}
+
+/// The target cell of an `admin` row: set on the rows the target is about (`open` and `stats`
+/// with [`TARGET_WAITERS`](crate::scenarios::admin::TARGET_WAITERS) waiters, limit 10).
+fn admin_latency_target(
+    op: crate::scenarios::admin::Op,
+    r: &ScenarioResult,
+    base_us: Option<f64>,
+) -> String {
+    use crate::scenarios::admin::{SMALL_LIMIT, TARGET_RATIO, TARGET_US, TARGET_WAITERS};
+    let about = op.has_target()
+        && r.params.waiters == Some(TARGET_WAITERS)
+        && r.params.limit == SMALL_LIMIT;
+    let us = r.median(&format!("{}_redis_us", op.name()));
+    match (about, us, base_us) {
+        (true, Some(us), Some(base)) => format!(
+            "≤ {TARGET_RATIO}x and ≤ {} ms: {}",
+            TARGET_US / 1000.0,
+            met(crate::scenarios::admin::latency_target_met(us, base))
+        ),
+        _ => String::new(),
+    }
+}
+
+fn met(yes: bool) -> &'static str {
+    if yes { "met" } else { "not met" }
+}
+
+/// The `admin` scenario's memory table: the semaphore's keys, per row.
+fn admin_memory_table(out: &mut String, rows: &[&ScenarioResult]) {
+    use crate::scenarios::admin::{BIG_LIMIT, TARGET_BYTES, memory_target_met};
+    let cols = [
+        "waiters",
+        "limit",
+        "keys",
+        "Redis bytes once queued",
+        "Redis bytes after the operations",
+        "target",
+    ];
+    let _ = writeln!(
+        out,
+        "
+Memory of the semaphore (MEMORY USAGE SAMPLES 0 of each key, summed):
+"
+    );
+    header(out, &cols);
+    for r in rows.iter().filter(|r| r.skipped.is_none()) {
+        let idle_big = r.params.waiters == Some(0) && r.params.limit == BIG_LIMIT;
+        let most = r
+            .median("memory_bytes")
+            .zip(r.median("memory_after_ops_bytes"));
+        let target = match most.filter(|_| idle_big) {
+            Some((a, b)) => format!(
+                "≤ {} KiB: {}",
+                TARGET_BYTES / 1024.0,
+                met(memory_target_met(a.max(b)))
+            ),
+            None => String::new(),
+        };
+        row(
+            out,
+            &[
+                r.params.waiters.unwrap_or(0).to_string(),
+                r.params.limit.to_string(),
+                cell(r, "keys", 0),
+                cell(r, "memory_bytes", 0),
+                cell(r, "memory_after_ops_bytes", 0),
+                target,
+            ],
+        );
+    }
 }
 
 /// A table: the header, then one row per result (`cells`), or the reason it was skipped.
@@ -423,7 +574,9 @@ pub const NOTES: &str = "
 Cells are `median (min-max)` over the complete repetitions. *run s*: shared start to the last
 release returned; *efficiency*: (processes x jobs x hold / limit) / run s; *slot use*: the same with the holds
 the holders measured (sum of [acquired, release called] / limit / run s): the nominal
-efficiency also charges the hold's own timer overshoot (*mean hold ms*) to the design; *wait*: time inside
+efficiency also charges any overshoot of the hold itself to the design; *mean / p99 hold*: those
+measured holds (hdrhistogram), beside the hold asked for (a tokio sleep to 2 ms before the end,
+then a thread sleep with 1 ns timer slack: see `src/hold.rs`); *wait*: time inside
 acquire() per job, all processes pooled (hdrhistogram, 3 significant digits; max exact); *max
 holders*: peak overlap of all [acquired, release called] intervals across processes; *round
 trips/job*: commands the clients sent themselves, from INFO commandstats (script calls
@@ -441,7 +594,14 @@ once everyone is queued (nothing is acquired or released in it); *Redis CPU %*:
 used_cpu_user+sys delta / window; *script calls/s*: EVALSHA, EVAL, ... per second of the window,
 i.e. the heartbeats' renewals and checks; *worker processes' CPU*: utime+stime of the holder and
 waiter processes (/proc/<pid>/stat, 10 ms resolution per process) / window; *time to queue*: spawn of the waiter processes to
-the `inspect` that saw every waiter queued.
+the `inspect` that saw every waiter queued. *admin*: *Redis µs/op*: INFO commandstats `usec` of
+the commands clients sent (script calls with what ran inside them, handshakes, pub/sub, INFO,
+PING) over N operations in a row, minus an idle window as long, / N, on a private redis-server;
+*vs 0 waiters, limit 10*: the ratio to that row's median; *round trips/op*: those commands'
+calls; *commands inside scripts/op*: every other command's calls; *client ms/op*: wall time of
+the N operations / N; `open` = open + close of a handle on a connected client, `stats` =
+`inspect` (as `redsem stats`), `run` = one `redsem run --limit L --timeout 50ms NAME -- true`
+process (with waiters it queues, gives up, leaves the queue and calls `inspect`).
 ";
 
 /// Writes the report as pretty JSON.
