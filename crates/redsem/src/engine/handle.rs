@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, RequestSettings};
+use super::combine::ReleaseCombiner;
 use super::context::{Context, Member};
 use super::heartbeat::Heartbeat;
 use super::notifier::Listener;
@@ -30,7 +31,7 @@ pub(crate) struct Handle {
     /// Acquisitions go through the batching task (see batch.rs).
     pub(super) batch: mpsc::UnboundedSender<batch::Request>,
     /// In-place releases, combined (see batch.rs).
-    pub(super) releases: Arc<batch::Releases<protocol::Conn>>,
+    pub(super) releases: Arc<ReleaseCombiner<protocol::Conn>>,
     pub(crate) remote: Arc<Remote>,
     pub(crate) timing: Timing,
     /// This handle's channel id (it also starts the ids of its holders and waiters).
@@ -189,7 +190,7 @@ impl Handle {
                 label: s.label.clone(),
             },
         );
-        let releases = batch::Releases::new(remote.clone(), ctx.conn.clone());
+        let releases = ReleaseCombiner::new(remote.clone(), ctx.conn.clone());
         let table = Arc::new(Table::new(
             remote.clone(),
             ctx.releaser.clone(),

@@ -232,7 +232,7 @@ impl Held {
     }
 
     /// Releases the entry now and waits for Redis to confirm it (one round trip, shared
-    /// with the releases of the same handle made meanwhile: see `batch::Releases`); on
+    /// with the releases of the same handle made meanwhile: see `combine::ReleaseCombiner`); on
     /// error, the release is retried in the background.
     ///
     /// Cancel safe: the entry counts as released only once Redis confirmed it. Until then,

@@ -27,6 +27,7 @@
 
 mod acquire;
 mod batch;
+mod combine;
 mod context;
 mod handle;
 mod handoff;
