@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::time::Instant;
 
 /// Safety margin taken off a lease before trusting it: a tenth, at most 1 s. The holder
-/// trusts a lease confirmed at `t` until `t + lease − margin` (see [`deadline_after`]).
+/// trusts a lease confirmed at `t` until `t + lease − margin` (`deadline_after`).
 pub fn margin(lease: Duration) -> Duration {
     (lease / 10).min(Duration::from_secs(1))
 }

@@ -3,15 +3,7 @@
 //! `now` is an argument), never touches a socket, a task or a Redis type, and is tested
 //! directly in simulated time.
 //!
-//! | event (engine → core) | state change | effects (core → engine) |
-//! |---|---|---|
-//! | an acquire registers ([`HandleState::add_waiter`]) | a waiter; the first starts the waiters' session's confirmations | — |
-//! | its call answers "queued" ([`HandleState::waiter_queued`]) | the waiter may be checked from now on | — |
-//! | a grant (reply, notification, renewal), a removal, close ([`HandleState::resolve`]) | the waiter resolved once; a grant makes it a holder whose lease continues the waiters' session | its resolver, or "release" for a grant nobody waits for |
-//! | a script reports the next expiry in Redis ([`schedule::Schedule::lease_expires_in`]) | the heartbeat looks then | — |
-//! | a renewal answers ([`HandleState::on_renewal`]) | leases confirmed (if it counts), the schedule moved on, waiters marked in doubt | [`Effect::Resolve`] waiters, [`Effect::Lose`] holders |
-//! | a renewal fails or is refused ([`HandleState::on_renewal_failed`], [`HandleState::on_renewal_refused`]) | retry with backoff | refused: every holder lost, every waiter failed |
-//! | a tick ([`HandleState::next_wakeup`], [`HandleState::holders_past_deadline`]) | — | holders past their deadline are lost |
+//! The events and the effects they lead to are tabled in docs/ARCHITECTURE.md ("The core").
 //!
 //! # The client rules
 //!
