@@ -126,6 +126,7 @@ mod protocol;
 // transport
 mod backend;
 // bottom
+mod backoff;
 mod codes;
 mod error;
 pub mod metrics;

@@ -27,7 +27,7 @@ fn rank(file: &str) -> Option<u32> {
         "protocol" => 3,
         "core" => 4,
         "engine" => 5,
-        "codes.rs" => 0,
+        "codes.rs" | "backoff.rs" => 0,
         "lib.rs" | "semaphore.rs" | "builder.rs" | "permit.rs" | "client.rs" | "admin.rs"
         | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs"
         | "handoff.rs" => 6,

@@ -51,8 +51,7 @@ impl<W, H> HandleState<W, H> {
             self.schedule.succeeded(now, renewal.next_expiry);
         } else {
             // retried like a failed call; the holders' deadlines stay where they were
-            let timing = self.timing().clone();
-            self.schedule.failed(now, &timing);
+            self.schedule.failed(now);
         }
         self.schedule.doubt_below = renewal.head.map_or(f64::INFINITY, |h| h as f64);
         self.schedule.served = renewal.served;
@@ -129,8 +128,7 @@ impl<W, H> HandleState<W, H> {
 
     /// A renewal call failed at `now` (an error or no answer in time): retried with backoff.
     pub(crate) fn on_renewal_failed(&mut self, now: Instant) {
-        let timing = self.timing().clone();
-        self.schedule.failed(now, &timing);
+        self.schedule.failed(now);
     }
 
     /// A beat did not complete: every waiter is checked at the next one.
@@ -142,8 +140,7 @@ impl<W, H> HandleState<W, H> {
     /// renewal can succeed, so the permits are lost now and the waiters fail with the
     /// refusal (retried later all the same: the rule may be fixed meanwhile).
     pub(crate) fn on_renewal_refused(&mut self, now: Instant, detail: &str) -> Vec<Effect> {
-        let timing = self.timing().clone();
-        self.schedule.failed(now, &timing);
+        self.schedule.failed(now);
         let lost = self.holder_ids().into_iter();
         let lost = lost.map(|id| Effect::Lose(id, LostReason::Refused));
         let refused = self.waiter_ids().into_iter();

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use super::lease::Timing;
 use super::time::Instant;
+use crate::backoff::Backoff;
 
 /// Delay before retrying a failed heartbeat; it doubles with every further failure, up to
 /// [`RETRY_MAX`] (and never beyond one renewal interval).
@@ -76,9 +77,10 @@ pub(crate) struct Schedule {
     pub(super) grid: Grid,
     /// Check everything at once (set by a reconnect).
     pub(super) force: bool,
-    /// After failed heartbeats: when to try again, and the delay that led there (doubled
-    /// by the next failure).
-    pub(super) retry: Option<(Instant, Duration)>,
+    /// After failed heartbeats: when to try again.
+    pub(super) retry: Option<Instant>,
+    /// The delays between tries of a failing heartbeat.
+    backoff: Backoff,
     /// When a lease in Redis is due to expire (plus [`REAP_SLACK`]).
     pub(super) next_check: Option<Instant>,
     /// Last time the waiters were checked.
@@ -96,12 +98,14 @@ pub(crate) struct Schedule {
 }
 
 impl Schedule {
-    /// A schedule on `grid`, with the waiters' check interval starting at `now`.
-    pub(crate) fn new(grid: Grid, now: Instant) -> Schedule {
+    /// A schedule on `grid` for a handle with `timing`, with the waiters' check interval
+    /// starting at `now`.
+    pub(crate) fn new(grid: Grid, timing: &Timing, now: Instant) -> Schedule {
         Schedule {
             grid,
             force: false,
             retry: None,
+            backoff: Backoff::new(RETRY, RETRY_MAX.min(timing.renew_every)),
             next_check: None,
             waiters_checked_at: now,
             check_all: false,
@@ -120,20 +124,15 @@ impl Schedule {
     /// A renewal call succeeded at `now`; the nearest expiry it reported is `next_expiry_ms`.
     pub(crate) fn succeeded(&mut self, now: Instant, next_expiry_ms: Option<u64>) {
         self.retry = None;
+        self.backoff.reset();
         self.waiters_checked_at = now;
         self.next_check = next_expiry_ms.map(|ms| now + Duration::from_millis(ms) + REAP_SLACK);
     }
 
     /// A renewal call failed at `now`: try again after [`RETRY`], doubling with every
     /// further failure up to [`RETRY_MAX`] or one renewal interval, whichever is shorter.
-    pub(crate) fn failed(&mut self, now: Instant, timing: &Timing) {
-        let longest = RETRY_MAX.min(timing.renew_every);
-        let delay = match self.retry {
-            Some((_, last)) => last * 2,
-            None => RETRY,
-        }
-        .min(longest);
-        self.retry = Some((now + delay, delay));
+    pub(crate) fn failed(&mut self, now: Instant) {
+        self.retry = Some(now + self.backoff.next_delay());
     }
 
     /// Check every waiter and holder now (after a reconnect).

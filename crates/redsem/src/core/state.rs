@@ -111,14 +111,14 @@ impl<W, H> HandleState<W, H> {
         // always in use (never released)
         leases.insert(timing.lease.as_millis() as u64, 1);
         HandleState {
-            timing,
             waiters: HashMap::new(),
             holders: HashMap::new(),
             leases,
             unused: BTreeMap::new(),
             permit_leases: HashMap::new(),
             waiter_session: None,
-            schedule: Schedule::new(grid, now),
+            schedule: Schedule::new(grid, &timing, now),
+            timing,
         }
     }
 
@@ -344,7 +344,7 @@ impl<W, H> HandleState<W, H> {
         if self.holders.is_empty() && self.waiters.is_empty() {
             return None;
         }
-        if let Some((retry_at, _)) = s.retry {
+        if let Some(retry_at) = s.retry {
             // Failing: every renewal or check is overdue, and runs at the retry time. Only a
             // holder's deadline (when it is declared lost) may come first.
             earliest(retry_at);
