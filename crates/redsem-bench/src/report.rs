@@ -108,217 +108,11 @@ pub fn render(report: &Report) -> String {
             first.params.describe(kind)
         );
         match kind {
-            ScenarioKind::Base | ScenarioKind::Scale => {
-                let (mean_hold, p99_hold) = hold_columns(first);
-                let mut cols = vec![
-                    "design",
-                    "run s",
-                    "efficiency",
-                    "slot use",
-                    &mean_hold,
-                    &p99_hold,
-                    "wait p50 ms",
-                    "wait p99 ms",
-                    "wait max ms",
-                    "max holders",
-                    "round trips/job",
-                    "Redis cmds/job",
-                    "Redis CPU ms/job",
-                    "client CPU ms/job",
-                    "acquire errors",
-                ];
-                let with_crash = kind == ScenarioKind::Base
-                    && all.iter().any(|x| x.scenario == ScenarioKind::Crash);
-                if with_crash {
-                    cols.push("crash recovery s");
-                }
-                cols.push("complete reps");
-                header(&mut out, &cols);
-                for r in &rows {
-                    if r.skipped.is_some() {
-                        skipped_row(&mut out, r, cols.len());
-                        continue;
-                    }
-                    let mut c = vec![
-                        format!("`{}`", r.design),
-                        run_cell(r),
-                        cell(r, "efficiency", 2),
-                        cell(r, "slot_use", 2),
-                        cell(r, "hold_mean_ms", 2),
-                        cell(r, "hold_p99_ms", 2),
-                        cell(r, "wait_p50_ms", 0),
-                        cell(r, "wait_p99_ms", 0),
-                        cell(r, "wait_max_ms", 0),
-                        cell(r, "max_holders", 0),
-                        cell(r, "round_trips_per_job", 1),
-                        cell(r, "redis_cmds_per_job", 1),
-                        cell(r, "redis_cpu_ms_per_job", 3),
-                        cell(r, "client_cpu_ms_per_job", 2),
-                        cell(r, "acquire_errors", 0),
-                    ];
-                    if with_crash {
-                        c.push(crash_cell(all, r));
-                    }
-                    c.push(complete_reps(r));
-                    row(&mut out, &c);
-                }
-            }
-            ScenarioKind::Throughput => {
-                let cols = [
-                    "design",
-                    "cycles/s",
-                    "run s",
-                    "acquire p50 ms",
-                    "acquire p99 ms",
-                    "round trips/job",
-                    "Redis cmds/job",
-                    "Redis CPU µs/job",
-                    "client CPU µs/job",
-                    "acquire errors",
-                    "complete reps",
-                ];
-                header(&mut out, &cols);
-                for r in &rows {
-                    if r.skipped.is_some() {
-                        skipped_row(&mut out, r, cols.len());
-                        continue;
-                    }
-                    row(
-                        &mut out,
-                        &[
-                            format!("`{}`", r.design),
-                            cell(r, "jobs_per_s", 0),
-                            run_cell(r),
-                            cell(r, "wait_p50_ms", 2),
-                            cell(r, "wait_p99_ms", 2),
-                            cell(r, "round_trips_per_job", 1),
-                            cell(r, "redis_cmds_per_job", 1),
-                            cell_scaled(r, "redis_cpu_ms_per_job", 1, 1000.0),
-                            cell_scaled(r, "client_cpu_ms_per_job", 1, 1000.0),
-                            cell(r, "acquire_errors", 0),
-                            complete_reps(r),
-                        ],
-                    );
-                }
-            }
-            ScenarioKind::Handoff => {
-                let (mean_hold, p99_hold) = hold_columns(first);
-                let cols = [
-                    "design",
-                    "handoff p50 ms",
-                    "handoff p99 ms",
-                    "handoff max ms",
-                    "run s",
-                    "efficiency",
-                    "slot use",
-                    &mean_hold,
-                    &p99_hold,
-                    "wait p99 ms",
-                    "max holders",
-                    "round trips/job",
-                    "Redis cmds/job",
-                    "complete reps",
-                ];
-                header(&mut out, &cols);
-                for r in &rows {
-                    if r.skipped.is_some() {
-                        skipped_row(&mut out, r, cols.len());
-                        continue;
-                    }
-                    row(
-                        &mut out,
-                        &[
-                            format!("`{}`", r.design),
-                            cell(r, "handoff_p50_ms", 2),
-                            cell(r, "handoff_p99_ms", 2),
-                            cell(r, "handoff_max_ms", 2),
-                            run_cell(r),
-                            cell(r, "efficiency", 2),
-                            cell(r, "slot_use", 2),
-                            cell(r, "hold_mean_ms", 2),
-                            cell(r, "hold_p99_ms", 2),
-                            cell(r, "wait_p99_ms", 0),
-                            cell(r, "max_holders", 0),
-                            cell(r, "round_trips_per_job", 1),
-                            cell(r, "redis_cmds_per_job", 1),
-                            complete_reps(r),
-                        ],
-                    );
-                }
-            }
-            ScenarioKind::Crash => {
-                let cols = [
-                    "design",
-                    "recovered",
-                    "recovery s after kill",
-                    "fresh acquirer's acquire() ms",
-                    "lease left at kill s",
-                    "Redis keys right after the kill (last rep)",
-                ];
-                header(&mut out, &cols);
-                for r in &rows {
-                    if r.skipped.is_some() {
-                        skipped_row(&mut out, r, cols.len());
-                        continue;
-                    }
-                    let recovered = r
-                        .reps
-                        .iter()
-                        .filter(|x| x.figures.get("recovered") == Some(&1.0))
-                        .count();
-                    let rec = if recovered == 0 {
-                        format!("never (>{} s)", r.params.run_timeout_s)
-                    } else {
-                        cell(r, "recovery_s", 2)
-                    };
-                    row(
-                        &mut out,
-                        &[
-                            format!("`{}`", r.design),
-                            format!("{recovered}/{}", r.reps.len()),
-                            rec,
-                            cell(r, "fresh_wait_ms", 0),
-                            cell(r, "lease_left_at_kill_s", 2),
-                            r.reps
-                                .last()
-                                .and_then(|x| x.notes.get("redis_state_after_kill").cloned())
-                                .unwrap_or_default(),
-                        ],
-                    );
-                }
-            }
-            ScenarioKind::Memory => {
-                let cols = [
-                    "design",
-                    "waiting tasks",
-                    "RSS before MiB",
-                    "peak RSS MiB",
-                    "RSS bytes per waiting task",
-                    "Redis connections",
-                    "Redis bytes per waiter",
-                    "complete reps",
-                ];
-                header(&mut out, &cols);
-                for r in &rows {
-                    if r.skipped.is_some() {
-                        skipped_row(&mut out, r, cols.len());
-                        continue;
-                    }
-                    row(
-                        &mut out,
-                        &[
-                            format!("`{}`", r.design),
-                            cell(r, "waiters", 0),
-                            cell_scaled(r, "rss_before_kib", 1, 1.0 / 1024.0),
-                            cell_scaled(r, "rss_peak_kib", 1, 1.0 / 1024.0),
-                            cell(r, "rss_bytes_per_waiter", 0),
-                            cell(r, "redis_connections", 0),
-                            cell(r, "redis_bytes_per_waiter", 0),
-                            complete_reps(r),
-                        ],
-                    );
-                }
-            }
+            ScenarioKind::Base | ScenarioKind::Scale => base_table(&mut out, kind, &rows, all),
+            ScenarioKind::Throughput => throughput_table(&mut out, &rows),
+            ScenarioKind::Handoff => handoff_table(&mut out, &rows),
+            ScenarioKind::Crash => crash_table(&mut out, &rows),
+            ScenarioKind::Memory => memory_table(&mut out, &rows),
             ScenarioKind::Idle | ScenarioKind::Many => idle_table(&mut out, kind, &rows),
             ScenarioKind::Synced => synced_table(&mut out, &rows),
             ScenarioKind::Admin => {
@@ -326,23 +120,256 @@ pub fn render(report: &Report) -> String {
                 admin_memory_table(&mut out, &rows);
             }
         }
-        let errs: Vec<String> = rows
-            .iter()
-            .flat_map(|r| {
-                r.reps.iter().filter_map(move |x| {
-                    x.notes
-                        .get("worker_error")
-                        .or(x.notes.get("error"))
-                        .map(|e| format!("- `{}` rep {}: {e}", r.design, x.rep))
-                })
-            })
-            .collect();
-        if !errs.is_empty() {
-            let _ = writeln!(out, "\nProblems:\n{}", errs.join("\n"));
-        }
+        problems(&mut out, &rows);
     }
     out.push_str(NOTES);
     out
+}
+
+/// The table of the `base` and `scale` scenarios (with crash recovery beside `base`).
+fn base_table(
+    out: &mut String,
+    kind: ScenarioKind,
+    rows: &[&ScenarioResult],
+    all: &[ScenarioResult],
+) {
+    let Some(first) = rows.first() else { return };
+    let (mean_hold, p99_hold) = hold_columns(first);
+    let mut cols = vec![
+        "design",
+        "run s",
+        "efficiency",
+        "slot use",
+        &mean_hold,
+        &p99_hold,
+        "wait p50 ms",
+        "wait p99 ms",
+        "wait max ms",
+        "max holders",
+        "round trips/job",
+        "Redis cmds/job",
+        "Redis CPU ms/job",
+        "client CPU ms/job",
+        "acquire errors",
+    ];
+    let with_crash =
+        kind == ScenarioKind::Base && all.iter().any(|x| x.scenario == ScenarioKind::Crash);
+    if with_crash {
+        cols.push("crash recovery s");
+    }
+    cols.push("complete reps");
+    header(out, &cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+            continue;
+        }
+        let mut c = vec![
+            format!("`{}`", r.design),
+            run_cell(r),
+            cell(r, "efficiency", 2),
+            cell(r, "slot_use", 2),
+            cell(r, "hold_mean_ms", 2),
+            cell(r, "hold_p99_ms", 2),
+            cell(r, "wait_p50_ms", 0),
+            cell(r, "wait_p99_ms", 0),
+            cell(r, "wait_max_ms", 0),
+            cell(r, "max_holders", 0),
+            cell(r, "round_trips_per_job", 1),
+            cell(r, "redis_cmds_per_job", 1),
+            cell(r, "redis_cpu_ms_per_job", 3),
+            cell(r, "client_cpu_ms_per_job", 2),
+            cell(r, "acquire_errors", 0),
+        ];
+        if with_crash {
+            c.push(crash_cell(all, r));
+        }
+        c.push(complete_reps(r));
+        row(out, &c);
+    }
+}
+
+/// The table of the `throughput` scenario.
+fn throughput_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let cols = [
+        "design",
+        "cycles/s",
+        "run s",
+        "acquire p50 ms",
+        "acquire p99 ms",
+        "round trips/job",
+        "Redis cmds/job",
+        "Redis CPU µs/job",
+        "client CPU µs/job",
+        "acquire errors",
+        "complete reps",
+    ];
+    header(out, &cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+            continue;
+        }
+        row(
+            out,
+            &[
+                format!("`{}`", r.design),
+                cell(r, "jobs_per_s", 0),
+                run_cell(r),
+                cell(r, "wait_p50_ms", 2),
+                cell(r, "wait_p99_ms", 2),
+                cell(r, "round_trips_per_job", 1),
+                cell(r, "redis_cmds_per_job", 1),
+                cell_scaled(r, "redis_cpu_ms_per_job", 1, 1000.0),
+                cell_scaled(r, "client_cpu_ms_per_job", 1, 1000.0),
+                cell(r, "acquire_errors", 0),
+                complete_reps(r),
+            ],
+        );
+    }
+}
+
+/// The table of the `handoff` scenario.
+fn handoff_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let Some(first) = rows.first() else { return };
+    let (mean_hold, p99_hold) = hold_columns(first);
+    let cols = [
+        "design",
+        "handoff p50 ms",
+        "handoff p99 ms",
+        "handoff max ms",
+        "run s",
+        "efficiency",
+        "slot use",
+        &mean_hold,
+        &p99_hold,
+        "wait p99 ms",
+        "max holders",
+        "round trips/job",
+        "Redis cmds/job",
+        "complete reps",
+    ];
+    header(out, &cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+            continue;
+        }
+        row(
+            out,
+            &[
+                format!("`{}`", r.design),
+                cell(r, "handoff_p50_ms", 2),
+                cell(r, "handoff_p99_ms", 2),
+                cell(r, "handoff_max_ms", 2),
+                run_cell(r),
+                cell(r, "efficiency", 2),
+                cell(r, "slot_use", 2),
+                cell(r, "hold_mean_ms", 2),
+                cell(r, "hold_p99_ms", 2),
+                cell(r, "wait_p99_ms", 0),
+                cell(r, "max_holders", 0),
+                cell(r, "round_trips_per_job", 1),
+                cell(r, "redis_cmds_per_job", 1),
+                complete_reps(r),
+            ],
+        );
+    }
+}
+
+/// The table of the `crash` scenario.
+fn crash_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let cols = [
+        "design",
+        "recovered",
+        "recovery s after kill",
+        "fresh acquirer's acquire() ms",
+        "lease left at kill s",
+        "Redis keys right after the kill (last rep)",
+    ];
+    header(out, &cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+            continue;
+        }
+        let recovered = r
+            .reps
+            .iter()
+            .filter(|x| x.figures.get("recovered") == Some(&1.0))
+            .count();
+        let rec = if recovered == 0 {
+            format!("never (>{} s)", r.params.run_timeout_s)
+        } else {
+            cell(r, "recovery_s", 2)
+        };
+        row(
+            out,
+            &[
+                format!("`{}`", r.design),
+                format!("{recovered}/{}", r.reps.len()),
+                rec,
+                cell(r, "fresh_wait_ms", 0),
+                cell(r, "lease_left_at_kill_s", 2),
+                r.reps
+                    .last()
+                    .and_then(|x| x.notes.get("redis_state_after_kill").cloned())
+                    .unwrap_or_default(),
+            ],
+        );
+    }
+}
+
+/// The table of the `memory` scenario.
+fn memory_table(out: &mut String, rows: &[&ScenarioResult]) {
+    let cols = [
+        "design",
+        "waiting tasks",
+        "RSS before MiB",
+        "peak RSS MiB",
+        "RSS bytes per waiting task",
+        "Redis connections",
+        "Redis bytes per waiter",
+        "complete reps",
+    ];
+    header(out, &cols);
+    for r in rows {
+        if r.skipped.is_some() {
+            skipped_row(out, r, cols.len());
+            continue;
+        }
+        row(
+            out,
+            &[
+                format!("`{}`", r.design),
+                cell(r, "waiters", 0),
+                cell_scaled(r, "rss_before_kib", 1, 1.0 / 1024.0),
+                cell_scaled(r, "rss_peak_kib", 1, 1.0 / 1024.0),
+                cell(r, "rss_bytes_per_waiter", 0),
+                cell(r, "redis_connections", 0),
+                cell(r, "redis_bytes_per_waiter", 0),
+                complete_reps(r),
+            ],
+        );
+    }
+}
+
+/// The errors the workers reported, if any.
+fn problems(out: &mut String, rows: &[&ScenarioResult]) {
+    let errs: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            r.reps.iter().filter_map(move |x| {
+                x.notes
+                    .get("worker_error")
+                    .or(x.notes.get("error"))
+                    .map(|e| format!("- `{}` rep {}: {e}", r.design, x.rep))
+            })
+        })
+        .collect();
+    if !errs.is_empty() {
+        let _ = writeln!(out, "\nProblems:\n{}", errs.join("\n"));
+    }
 }
 
 /// The `synced` table: one row per design and mode.
