@@ -77,14 +77,11 @@ impl Sentinel {
             wake: Notify::new(),
             preferred: AtomicUsize::new(0),
         };
-        let (host, port) = probe
-            .lookup(&mut link)
-            .await
-            .map_err(|e| Error::from_server(e))?;
+        let (host, port) = probe.lookup(&mut link).await.map_err(Error::from_server)?;
         let conn = probe
             .connect_master(&host, port)
             .await
-            .map_err(|e| Error::from_server(e))?;
+            .map_err(Error::from_server)?;
         tracing::info!(master = %probe.spec.master_name, host, port, "sentinel: connected to the master");
         *probe.current.write().unwrap() = Master {
             generation: 1,
@@ -322,9 +319,9 @@ struct Link {
 
 /// A lazy manager that never connects (for the moment before the first master is known).
 fn placeholder_manager() -> Result<ConnectionManager, Error> {
-    let client = redis::Client::open("redis://127.0.0.1:1/").map_err(|e| Error::from_server(e))?;
+    let client = redis::Client::open("redis://127.0.0.1:1/").map_err(Error::from_server)?;
     ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-        .map_err(|e| Error::from_server(e))
+        .map_err(Error::from_server)
 }
 
 /// The follower task: checks the master when asked (errors, `+switch-master`) and every few

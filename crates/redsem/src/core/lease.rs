@@ -277,14 +277,14 @@ mod tests {
             confirmed + Duration::from_millis(2700)
         );
         tokio::time::advance(Duration::from_millis(2699)).await;
-        assert!(!(timing.deadline(confirmed) <= Instant::now()));
+        assert!(timing.deadline(confirmed) > Instant::now());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
             (timing.deadline(confirmed) <= Instant::now()),
             "at the deadline"
         );
         // a later confirmation moves it
-        assert!(!(timing.deadline(confirmed + Duration::from_secs(1)) <= Instant::now()));
+        assert!(timing.deadline(confirmed + Duration::from_secs(1)) > Instant::now());
     }
 
     #[tokio::test(start_paused = true)]
@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(long.margin(), Duration::from_secs(1));
         let confirmed = Instant::now();
         tokio::time::advance(Duration::from_secs(58)).await;
-        assert!(!(long.deadline(confirmed) <= Instant::now()));
+        assert!(long.deadline(confirmed) > Instant::now());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!((long.deadline(confirmed) <= Instant::now()));
     }
