@@ -112,10 +112,7 @@ pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken)
     let mut all_keys: Vec<String> = Vec::new();
     for s in &cfg.sems {
         match cfg.keys(&s.name) {
-            Ok(k) => {
-                all_keys.extend_from_slice(&k[..5]);
-                all_keys.push(k[6].clone());
-            }
+            Ok(k) => all_keys.extend([k.cfg, k.queue, k.exp, k.meta, k.slots, k.own]),
             Err(e) => {
                 eprintln!("redsem-chaos: {e}");
                 return;

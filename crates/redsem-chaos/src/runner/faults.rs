@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redsem::internals::{self, Keys};
 use test_support::Server;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -85,7 +86,7 @@ pub(super) async fn schedule(
             // the step: half within the documented bound (margin + one renewal interval,
             // covered while no renewal is lost), half beyond it, up to one lease
             FaultKind::ClockStep => {
-                let bound = margin_ms(lease) + cfg.renew_ms;
+                let bound = internals::margin(cfg.lease()).as_millis() as u64 + cfg.renew_ms;
                 if rng.bool() {
                     rng.u64(1..=bound)
                 } else {
@@ -366,30 +367,31 @@ async fn inject(
             // which semaphore and which key, from the seed
             let sems = &shared.cfg.sems;
             let sem = &sems[(target % sems.len() as u64) as usize].name;
-            // the keys lost (indexes in the layout's order), alone or together
-            const LOST: [(&str, &[usize]); 7] = [
-                ("meta", &[3]),
-                ("free", &[5]),
-                ("own", &[6]),
-                ("cfg", &[0]),
-                ("queue", &[1]),
-                ("exp", &[2]),
-                ("cfg+queue", &[0, 1]),
+            // the keys lost, alone or together
+            type Lost = fn(&Keys) -> Vec<&String>;
+            const LOST: [(&str, Lost); 7] = [
+                ("meta", |k| vec![&k.meta]),
+                ("free", |k| vec![&k.free]),
+                ("own", |k| vec![&k.own]),
+                ("cfg", |k| vec![&k.cfg]),
+                ("queue", |k| vec![&k.queue]),
+                ("exp", |k| vec![&k.exp]),
+                ("cfg+queue", |k| vec![&k.cfg, &k.queue]),
             ];
             let (key_name, lost) = LOST[(extra % LOST.len() as u64) as usize];
             let Ok(keys) = shared.cfg.keys(sem) else {
                 return;
             };
-            let meta = keys[3].clone();
+            let lost = lost(&keys);
             let mut args = vec![
                 "EVAL".to_owned(),
                 "local ids = redis.call('HKEYS', KEYS[1]); \
                  redis.call('DEL', unpack(KEYS, 2)); return ids"
                     .to_owned(),
                 (1 + lost.len()).to_string(),
-                meta,
+                keys.meta.clone(),
             ];
-            args.extend(lost.iter().map(|&i| keys[i].clone()));
+            args.extend(lost.into_iter().cloned());
             let t0 = now_us();
             // the records' ids (holders learn of the loss like of a force_release) and the
             // keys gone, in one atomic call
@@ -501,11 +503,6 @@ fn log_failover(
         }
         Err(why) => log(now_us(), None, None, why),
     }
-}
-
-/// The client's safety margin for a lease of `lease_ms` (lease / 10, at most 1 s).
-pub(crate) fn margin_ms(lease_ms: u64) -> u64 {
-    (lease_ms / 10).min(1000)
 }
 
 /// A failover to the replica, which lags by `lag`: see [`FaultKind::FailoverReplica`].

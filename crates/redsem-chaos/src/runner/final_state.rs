@@ -84,7 +84,7 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     st.read_at = now_us();
     let mut known: HashSet<String> = HashSet::new();
     for s in &cfg.sems {
-        known.extend(cfg.keys(&s.name)?);
+        known.extend(cfg.keys(&s.name)?.in_script_order().map(str::to_owned));
     }
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await?;
     st.foreign_keys = keys.into_iter().filter(|k| !known.contains(k)).collect();
@@ -95,10 +95,10 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     let redis_ahead_ms = (secs * 1_000_000 + micros) / 1000 - now_ms;
     let mut latest_expiry = 0i64;
     for s in &cfg.sems {
-        let [_, queue, exp, meta, slots, _, own] = cfg.keys(&s.name)?;
+        let keys = cfg.keys(&s.name)?;
         // session leases; an entry has a lease when its session (in the index) has one
         let exp: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(exp)
+            .arg(&keys.exp)
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
@@ -108,7 +108,7 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
         let exp: Vec<(String, f64)> = exp.into_iter().filter(|(sid, _)| sid != "#").collect();
         let sessions: HashSet<&str> = exp.iter().map(|(sid, _)| sid.as_str()).collect();
         let index: Vec<String> = redis::cmd("ZRANGE")
-            .arg(own)
+            .arg(&keys.own)
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
@@ -119,15 +119,18 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
             .filter(|(sid, _)| sessions.contains(sid))
             .map(|(_, id)| id)
             .collect();
-        let meta: Vec<String> = redis::cmd("HKEYS").arg(meta).query_async(&mut conn).await?;
+        let meta: Vec<String> = redis::cmd("HKEYS")
+            .arg(&keys.meta)
+            .query_async(&mut conn)
+            .await?;
         let queue: Vec<String> = redis::cmd("ZRANGE")
-            .arg(queue)
+            .arg(&keys.queue)
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
             .await?;
         let holders: Vec<String> = redis::cmd("HVALS")
-            .arg(slots)
+            .arg(&keys.slots)
             .query_async(&mut conn)
             .await?;
         for id in meta.iter().chain(&queue).chain(&holders) {
@@ -175,22 +178,21 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
     }
     drop(rs);
     for s in &cfg.sems {
-        let [cfg_key, queue, exp, meta, slots, free, _] = cfg.keys(&s.name)?;
-        for key in [queue, exp, meta, slots] {
+        let keys = cfg.keys(&s.name)?;
+        let sorted_sets = [&keys.queue, &keys.exp].map(|k| (k, true));
+        let hashes = [&keys.meta, &keys.slots].map(|k| (k, false));
+        for (key, sorted_set) in sorted_sets.into_iter().chain(hashes) {
             // members left (of `exp`, not its marker `#`, whose score +inf stays with the
             // configuration); fields of a hash
-            let exists: i64 = if key.ends_with(":queue") || key.ends_with(":exp") {
+            let exists: i64 = if sorted_set {
                 redis::cmd("ZCOUNT")
-                    .arg(&key)
+                    .arg(key)
                     .arg("-inf")
                     .arg("(+inf")
                     .query_async(&mut conn)
                     .await?
             } else {
-                redis::cmd("EXISTS")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await?
+                redis::cmd("EXISTS").arg(key).query_async(&mut conn).await?
             };
             if exists != 0 {
                 st.after_reap
@@ -198,11 +200,14 @@ async fn read_final(cfg: &Config, url: &str, st: &mut FinalState) -> anyhow::Res
             }
         }
         let cfg_exists: i64 = redis::cmd("EXISTS")
-            .arg(cfg_key)
+            .arg(&keys.cfg)
             .query_async(&mut conn)
             .await?;
         if cfg_exists == 1 {
-            let free: i64 = redis::cmd("ZCARD").arg(free).query_async(&mut conn).await?;
+            let free: i64 = redis::cmd("ZCARD")
+                .arg(&keys.free)
+                .query_async(&mut conn)
+                .await?;
             if free != i64::from(s.limit) {
                 st.after_reap.push(format!(
                     "{}: {free} free slots of {} once nobody holds any",

@@ -163,11 +163,11 @@ async fn incarnation_holding(shared: &Shared, sem: usize, holder: &str) -> Optio
         *guard = Some(conn);
     }
     let conn = guard.as_mut()?;
-    let [_, _, _, key, ..] = shared.cfg.keys(&shared.cfg.sems.get(sem)?.name).ok()?;
+    let keys = shared.cfg.keys(&shared.cfg.sems.get(sem)?.name).ok()?;
     let found = tokio::time::timeout(
         Duration::from_secs(2),
         redis::cmd("HEXISTS")
-            .arg(&key)
+            .arg(&keys.meta)
             .arg(holder)
             .query_async::<i64>(conn),
     )
