@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use super::logs::Logs;
 use super::report::Report;
 use super::stale_belief::Stale;
-use super::{ms_fmt, overlaps};
+use super::time::{ms_fmt, overlaps};
 
 /// Checks property 4, with `inv` from property 3.
 pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {

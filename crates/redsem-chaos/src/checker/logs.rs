@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use redsem::internals;
 
-use super::overlaps;
+use super::time::overlaps;
 use crate::config::{Config, FaultKind, Timing};
 use crate::runner::FinalState;
 

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use super::logs::Logs;
 use super::report::Report;
 use super::snapshots::{Excuses, Ids, Snapshot};
-use super::{ms, ms_fmt, overlaps};
+use super::time::{ms, ms_fmt, overlaps};
 use crate::config::FaultKind;
 
 /// A dead worker's entry being tracked.

@@ -37,7 +37,7 @@
 
 use super::logs::{Logs, Op};
 use super::report::Report;
-use super::{ms, ms_fmt, overlaps};
+use super::time::{ms, ms_fmt, overlaps};
 
 /// Since when an op's lease may have been invalid in Redis (`possible`: from the last
 /// snapshot that showed it valid, when something could have made it go unseen), and since

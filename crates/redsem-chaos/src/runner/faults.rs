@@ -13,7 +13,7 @@ use test_support::Server;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{Replica, Shared, WorkerState, attach_replica, signal};
+use super::state::{Replica, Shared, WorkerState, attach_replica, signal};
 use crate::config::FaultKind;
 use crate::now_us;
 use crate::proxy::{Class, ClientProxy};

@@ -28,27 +28,28 @@
 //! logged for the other properties). `X`: a write of an op the resource never registered.
 //!
 //! This file starts and stops everything and supervises the workers; `faults.rs` draws and
-//! injects the faults, `resource.rs` is the fenced resource, and `final_state.rs` reads what
-//! Redis holds at the end (`final.json`).
+//! injects the faults, `resource.rs` is the fenced resource, `final_state.rs` reads what
+//! Redis holds at the end (`final.json`), and `state.rs` holds what they share.
 
 mod faults;
 mod final_state;
 mod resource;
+mod state;
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use test_support::{FakeClock, FaultProxy, Flavor, Server, ServerOptions};
+use test_support::{FakeClock, Flavor, Server, ServerOptions};
 use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use final_state::FinalState;
+pub use state::epoch_of;
 
 use crate::config::{Config, FaultKind};
 use crate::events::Log;
@@ -56,104 +57,8 @@ use crate::now_us;
 use crate::proxy::ClientProxy;
 use faults::schedule;
 use final_state::final_state;
-use resource::{ResourceState, Store, resource_server};
-
-/// The Redis incarnation that served a request sent at `from` and answered by `to`:
-/// the number of restarts that were over (`dead`) before `from`, or `None` when a restart
-/// (from its `start` to its `dead`) overlaps `[from, to]`. `restarts` is in start order,
-/// `dead = i64::MAX` while unknown.
-pub fn epoch_of(restarts: &[(i64, i64)], from: i64, to: i64) -> Option<u32> {
-    let mut epoch = 0;
-    for &(start, dead) in restarts {
-        if to < start {
-            break;
-        }
-        if from > dead {
-            epoch += 1;
-            continue;
-        }
-        return None;
-    }
-    Some(epoch)
-}
-
-/// The replica of the run's Redis (with `failover-replica`), and the link it replicates
-/// through (a proxy to the master the runner can black-hole and sever).
-struct Replica {
-    server: Server,
-    link: FaultProxy,
-}
-
-/// Makes `server` a replica of `master` through a fresh link; waits (up to 10 s) for the
-/// link to be up.
-fn attach_replica(server: &Server, master: std::net::SocketAddr) -> anyhow::Result<FaultProxy> {
-    let link = FaultProxy::start(master);
-    let port = link.addr().port().to_string();
-    server
-        .try_cmd(&["REPLICAOF", "127.0.0.1", &port])
-        .context("REPLICAOF")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info = server.try_cmd(&["INFO", "replication"]);
-        if let Ok(test_support::Reply::Bulk(text)) = &info
-            && text.contains("master_link_status:up")
-        {
-            return Ok(link);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the replica did not sync: {info:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[derive(Default)]
-struct WorkerState {
-    id: u32,
-    pid: u32,
-    paused: bool,
-    killing: bool,
-    /// op → (semaphore, holder id)
-    holding: BTreeMap<String, (usize, String)>,
-    waiting: HashSet<String>,
-}
-
-struct Shared {
-    cfg: Config,
-    dir: PathBuf,
-    log: Log,
-    restarts: Mutex<Vec<(i64, i64)>>,
-    slots: Mutex<Vec<Option<WorkerState>>>,
-    resource: Mutex<ResourceState>,
-    /// The `FencedStore`s that decide the writes, on their own Redis.
-    store: resource::Store,
-    respawn: AtomicBool,
-    next_worker: AtomicU32,
-    acquisitions: AtomicU64,
-    faults: AtomicU64,
-    /// An operator's redsem client, on a direct connection (for `force-release`).
-    operator: tokio::sync::Mutex<Option<redsem::Client>>,
-    /// A direct connection, to tell which Redis incarnation holds a grant whose acquire
-    /// overlapped a restart.
-    direct: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
-    /// How the runner reaches Redis (the server, or with a replica, an unfaulted proxy that
-    /// follows the failovers).
-    redis_url: String,
-    /// With `failover-replica`: the replica, and the proxy behind `redis_url`.
-    replica: Mutex<Option<Replica>>,
-    direct_proxy: Option<Arc<ClientProxy>>,
-    /// With `clock-step`: Redis's clock, and its offset from real time (ms).
-    clock: Option<FakeClock>,
-    clock_offset_ms: Mutex<i64>,
-}
-
-impl Shared {
-    fn with_worker<R>(&self, id: u32, f: impl FnOnce(&mut WorkerState) -> R) -> Option<R> {
-        let mut slots = self.slots.lock().unwrap();
-        slots.iter_mut().flatten().find(|w| w.id == id).map(f)
-    }
-}
+use resource::resource_server;
+use state::{Replica, ResourceState, Shared, Store, WorkerState, attach_replica, signal};
 
 /// Starts everything, runs the faults for `cfg.seconds`, stops the workers, records the
 /// state Redis is left in, and writes every log into `dir`.
@@ -348,16 +253,6 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     })
     .await?;
     Ok(())
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    if pid > 0 {
-        // SAFETY: kill(2) has no memory-safety preconditions. The pid is a worker of ours,
-        // taken from the slot table, which its supervisor clears right after reaping it: in
-        // that instant the pid could only reach another process if Linux recycled it at
-        // once, which its sequential allocation (up to pid_max) does not do.
-        unsafe { libc::kill(pid as libc::pid_t, sig) };
-    }
 }
 
 /// Runs worker processes in one slot, replacing each one that dies, until the stop phase.
