@@ -1,6 +1,7 @@
 //! What a crate's source files say about its structure, for structural tests (no server): the
 //! graph of the imports between its files ([`import_graph`], [`import_cycles`],
-//! [`assert_no_import_cycles`]) and its long functions ([`long_functions`]).
+//! [`assert_no_import_cycles`]) and its long functions ([`long_functions`],
+//! [`assert_no_long_functions`]).
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -8,7 +9,7 @@
 //! let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
 //! let graph = test_support::source::assert_no_import_cycles(&src);
 //! assert!(graph["run.rs"].contains("common.rs"));
-//! assert!(test_support::source::long_functions(&src, 100).is_empty());
+//! test_support::source::assert_no_long_functions(&src, 100);
 //! ```
 //!
 //! The files are read as text, not compiled: comments and the contents of string and character
@@ -135,6 +136,24 @@ pub fn assert_no_import_cycles(src: &Path) -> Graph {
         describe(&graph)
     );
     graph
+}
+
+/// Asserts that no function of the crate in `src` is longer than `max_lines` (see
+/// [`long_functions`]).
+///
+/// # Panics
+/// Naming each longer one.
+pub fn assert_no_long_functions(src: &Path, max_lines: usize) {
+    let long: Vec<String> = long_functions(src, max_lines)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions longer than {max_lines} lines in {}, to split into named steps:\n{}",
+        src.display(),
+        long.join("\n")
+    );
 }
 
 /// `graph`, one line per file: `a.rs -> b.rs, c.rs` (for a failure message).
