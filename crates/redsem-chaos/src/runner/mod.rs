@@ -38,7 +38,7 @@ mod state;
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,13 +52,12 @@ pub use final_state::FinalState;
 pub use state::epoch_of;
 
 use crate::config::{Config, FaultKind};
-use crate::events::Log;
 use crate::now_us;
 use crate::proxy::ClientProxy;
 use faults::schedule;
 use final_state::final_state;
 use resource::resource_server;
-use state::{Replica, ResourceState, Shared, Store, WorkerState, attach_replica, signal};
+use state::{Replica, Shared, Store, WorkerState, attach_replica, signal};
 
 /// Starts everything, runs the faults for `cfg.seconds`, stops the workers, records the
 /// state Redis is left in, and writes every log into `dir`.
@@ -70,6 +69,85 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         "valkey" => Flavor::Valkey,
         _ => Flavor::Redis,
     };
+    let redis = start_redis(cfg, flavor).await?;
+    let (redis_addr, redis_url) = (redis.server.addr(), redis.url.clone());
+    let server = Arc::new(Mutex::new(redis.server));
+    // the fenced resource's own Redis: no fault touches it
+    let store_server =
+        tokio::task::spawn_blocking(move || Server::start_with(flavor, ServerOptions::default()))
+            .await
+            .context("starting the store's server")?;
+    let store_client = redsem::Client::connect(&store_server.url())
+        .await
+        .context("connecting to the store's server")?;
+    let store = Store::new(&store_client, cfg.sems.len());
+    let shared = Arc::new(Shared::new(
+        cfg,
+        dir,
+        store,
+        redis.url,
+        redis.replica,
+        redis.direct_proxy,
+        redis.clock,
+    )?);
+    shared.log.line(&format!("phase {} start", now_us()));
+
+    let sock = dir.join("resource.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).context("binding resource.sock")?;
+    let resource_task = tokio::spawn(resource_server(listener, shared.clone()));
+
+    let snap_stop = CancellationToken::new();
+    let snap_task = {
+        let (url, cfg, path, stop) = (
+            redis_url.clone(),
+            cfg.clone(),
+            dir.join("snapshots.log"),
+            snap_stop.clone(),
+        );
+        tokio::spawn(async move { crate::snapshot::run(url, cfg, &path, stop).await })
+    };
+
+    let mut proxies = Vec::new();
+    for _ in 0..cfg.workers {
+        proxies.push(Arc::new(ClientProxy::start(redis_addr).await?));
+    }
+    let proxies = Arc::new(proxies);
+    let mut supervisors = JoinSet::new();
+    for slot in 0..cfg.workers as usize {
+        supervisors.spawn(supervise(shared.clone(), slot, proxies[slot].url()));
+    }
+
+    fault_phase(&shared, &proxies, &server).await;
+    stop_workers(&shared, supervisors).await;
+    let exited_at = now_us();
+    // the snapshots go on a little: the checker sees the last releases land
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    snap_stop.cancel();
+    let _ = snap_task.await;
+    drop(proxies);
+    resource_task.abort();
+    *shared.direct.lock().await = None;
+    *shared.operator.lock().await = None;
+    finish(cfg, dir, &shared, &redis_url, exited_at, server).await
+}
+
+/// The run's Redis, started.
+struct Redis {
+    server: Server,
+    /// With `failover-replica`: the replica, and the unfaulted proxy the runner reads Redis
+    /// through.
+    replica: Option<Replica>,
+    direct_proxy: Option<Arc<ClientProxy>>,
+    /// With `clock-step`: the clock of both.
+    clock: Option<FakeClock>,
+    /// How the runner reaches Redis: the server, or the proxy.
+    url: String,
+}
+
+/// Starts the run's Redis (`flavor`): with `failover-replica` a replica too, with
+/// `clock-step` both on a clock of their own.
+async fn start_redis(cfg: &Config, flavor: Flavor) -> anyhow::Result<Redis> {
     let with_replica = cfg.faults.contains(&FaultKind::FailoverReplica);
     let clock = if cfg.faults.contains(&FaultKind::ClockStep) {
         Some(FakeClock::new().context("clock-step needs libfaketime (scripts/install-deps.sh)")?)
@@ -99,79 +177,35 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     })
     .await
     .context("starting the server")??;
-    let redis_addr = server.addr();
     let direct_proxy = if with_replica {
-        Some(Arc::new(ClientProxy::start(redis_addr).await?))
+        Some(Arc::new(ClientProxy::start(server.addr()).await?))
     } else {
         None
     };
-    let redis_url = direct_proxy
+    let url = direct_proxy
         .as_ref()
         .map_or_else(|| server.url(), |p| p.url());
-    let server = Arc::new(Mutex::new(server));
-    // the fenced resource's own Redis: no fault touches it
-    let store_server =
-        tokio::task::spawn_blocking(move || Server::start_with(flavor, ServerOptions::default()))
-            .await
-            .context("starting the store's server")?;
-    let store_client = redsem::Client::connect(&store_server.url())
-        .await
-        .context("connecting to the store's server")?;
-
-    let shared = Arc::new(Shared {
-        cfg: cfg.clone(),
-        dir: dir.to_owned(),
-        log: Log::buffered(&dir.join("runner.log"))?,
-        restarts: Mutex::new(Vec::new()),
-        slots: Mutex::new((0..cfg.workers).map(|_| None).collect()),
-        resource: Mutex::new(ResourceState::default()),
-        store: Store::new(&store_client, cfg.sems.len()),
-        respawn: AtomicBool::new(true),
-        next_worker: AtomicU32::new(0),
-        acquisitions: AtomicU64::new(0),
-        faults: AtomicU64::new(0),
-        operator: tokio::sync::Mutex::new(None),
-        direct: tokio::sync::Mutex::new(None),
-        redis_url: redis_url.clone(),
-        replica: Mutex::new(replica),
+    Ok(Redis {
+        server,
+        replica,
         direct_proxy,
         clock,
-        clock_offset_ms: Mutex::new(0),
-    });
-    shared.log.line(&format!("phase {} start", now_us()));
+        url,
+    })
+}
 
-    let sock = dir.join("resource.sock");
-    let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock).context("binding resource.sock")?;
-    let resource_task = tokio::spawn(resource_server(listener, shared.clone()));
-
-    let snap_stop = CancellationToken::new();
-    let snap_task = {
-        let (url, cfg, path, stop) = (
-            redis_url.clone(),
-            cfg.clone(),
-            dir.join("snapshots.log"),
-            snap_stop.clone(),
-        );
-        tokio::spawn(async move { crate::snapshot::run(url, cfg, &path, stop).await })
-    };
-
-    let mut proxies = Vec::new();
-    for _ in 0..cfg.workers {
-        proxies.push(Arc::new(ClientProxy::start(redis_addr).await?));
-    }
-    let proxies = Arc::new(proxies);
-
-    let mut supervisors = JoinSet::new();
-    for slot in 0..cfg.workers as usize {
-        supervisors.spawn(supervise(shared.clone(), slot, proxies[slot].url()));
-    }
-
+/// The fault phase: faults for `cfg.seconds` (and a line of progress every 10 s), then every
+/// fault healed and a few calm seconds.
+async fn fault_phase(
+    shared: &Arc<Shared>,
+    proxies: &Arc<Vec<Arc<ClientProxy>>>,
+    server: &Arc<Mutex<Server>>,
+) {
     // let every worker connect before the first fault
     tokio::time::sleep(Duration::from_millis(1500)).await;
     shared.log.line(&format!("phase {} faults", now_us()));
     let started = Instant::now();
-    let until = started + Duration::from_secs(cfg.seconds);
+    let until = started + Duration::from_secs(shared.cfg.seconds);
     let stop_faults = CancellationToken::new();
     let scheduler = tokio::spawn(schedule(
         shared.clone(),
@@ -203,7 +237,11 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     shared.log.line(&format!("phase {} calm", now_us()));
     // a few seconds without faults: what the faults broke must heal
     tokio::time::sleep(Duration::from_secs(2)).await;
+}
 
+/// The stop phase: no more replacements, SIGTERM to every worker (SIGKILL after 20 s: it is
+/// reported as `hung`) until every supervisor is done.
+async fn stop_workers(shared: &Shared, mut supervisors: JoinSet<()>) {
     shared.respawn.store(false, Ordering::SeqCst);
     shared.log.line(&format!("phase {} stop", now_us()));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -229,23 +267,24 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         }
     }
     shared.log.line(&format!("phase {} exited", now_us()));
-    let exited_at = now_us();
-    // the snapshots go on a little: the checker sees the last releases land
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    snap_stop.cancel();
-    let _ = snap_task.await;
-    drop(proxies);
-    resource_task.abort();
-    *shared.direct.lock().await = None;
-    *shared.operator.lock().await = None;
+}
 
-    let final_state = final_state(cfg, &redis_url, exited_at).await;
+/// Records the state Redis is left in (`final.json`), writes the runner's log out and stops
+/// the servers.
+async fn finish(
+    cfg: &Config,
+    dir: &Path,
+    shared: &Shared,
+    redis_url: &str,
+    exited_at: i64,
+    server: Arc<Mutex<Server>>,
+) -> anyhow::Result<()> {
+    let final_state = final_state(cfg, redis_url, exited_at).await;
     std::fs::write(
         dir.join("final.json"),
         serde_json::to_vec_pretty(&final_state)?,
     )?;
     shared.log.flush();
-    let server = server.clone();
     let replica = shared.replica.lock().unwrap().take();
     tokio::task::spawn_blocking(move || {
         server.lock().unwrap().stop();

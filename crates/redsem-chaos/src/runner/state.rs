@@ -3,7 +3,7 @@
 //! registrations and stores; and the helpers more than one of them calls.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -110,6 +110,40 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The state of a run of `cfg` writing into `dir`, its writes decided by `store`, its
+    /// Redis reached at `redis_url` (with its `replica` and the `direct_proxy` to it, and its
+    /// `clock`).
+    pub(super) fn new(
+        cfg: &Config,
+        dir: &Path,
+        store: Store,
+        redis_url: String,
+        replica: Option<Replica>,
+        direct_proxy: Option<Arc<ClientProxy>>,
+        clock: Option<FakeClock>,
+    ) -> anyhow::Result<Shared> {
+        Ok(Shared {
+            cfg: cfg.clone(),
+            dir: dir.to_owned(),
+            log: Log::buffered(&dir.join("runner.log"))?,
+            restarts: Mutex::new(Vec::new()),
+            slots: Mutex::new((0..cfg.workers).map(|_| None).collect()),
+            resource: Mutex::new(ResourceState::default()),
+            store,
+            respawn: AtomicBool::new(true),
+            next_worker: AtomicU32::new(0),
+            acquisitions: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            operator: tokio::sync::Mutex::new(None),
+            direct: tokio::sync::Mutex::new(None),
+            redis_url,
+            replica: Mutex::new(replica),
+            direct_proxy,
+            clock,
+            clock_offset_ms: Mutex::new(0),
+        })
+    }
+
     pub(super) fn with_worker<R>(
         &self,
         id: u32,
