@@ -27,7 +27,15 @@ use crate::config::Config;
 use crate::events::Log;
 use crate::now_us;
 
+/// The snapshot script. Its `sess_of` is the library's (`prelude.lua`), word for word: a test
+/// compares the two.
 const SNAPSHOT_LUA: &str = r#"
+-- The session an entry belongs to: its waiter session while queued, its holder session once
+-- granted.
+local function sess_of(m)
+  return (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
+end
+
 local t = redis.call('TIME')
 local res = { tonumber(t[1]) * 1000000 + tonumber(t[2]) }
 for i = 1, #KEYS, 6 do
@@ -63,9 +71,9 @@ for i = 1, #KEYS, 6 do
     local raw = redis.call('HGET', meta, r.id)
     if raw then
       local m = cjson.decode(raw)
-      -- the session the record names (the index may have lost it): a detached holder's is
-      -- its own ('o'), else its client's
-      local sid = (m.o or m.c) .. '~' .. string.format('%d', m.s and m.l or m.w)
+      -- the session the record names, as the library's scripts compute it (the index may
+      -- have lost it): a detached holder's is its own ('o'), else its client's
+      local sid = sess_of(m)
       if sess[sid] then r.e = sess[sid] end
       n = m.n or -1
       a = m.a or -1
@@ -112,10 +120,7 @@ pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken)
     let mut all_keys: Vec<String> = Vec::new();
     for s in &cfg.sems {
         match cfg.keys(&s.name) {
-            Ok(k) => {
-                all_keys.extend_from_slice(&k[..5]);
-                all_keys.push(k[6].clone());
-            }
+            Ok(k) => all_keys.extend([k.cfg, k.queue, k.exp, k.meta, k.slots, k.own]),
             Err(e) => {
                 eprintln!("redsem-chaos: {e}");
                 return;
@@ -231,5 +236,48 @@ fn record(
             join(entries),
             join(slots)
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::SNAPSHOT_LUA;
+
+    /// The definition of `sess_of` in a Lua text: from `local function sess_of(` to its `end`.
+    fn sess_of(lua: &str) -> Option<&str> {
+        let start = lua.find("local function sess_of(")?;
+        let end = start + lua[start..].find("\nend")? + "\nend".len();
+        Some(&lua[start..end])
+    }
+
+    /// The file called `name` under `dir`, at any depth.
+    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if let Some(found) = find(&path, name) {
+                    return Some(found);
+                }
+            } else if path.file_name().is_some_and(|n| n == name) {
+                return Some(path);
+            }
+        }
+        None
+    }
+
+    /// The snapshot names an entry's session exactly as the library's scripts do.
+    #[test]
+    fn the_snapshot_names_sessions_as_the_prelude_does() {
+        let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../redsem/src");
+        let prelude = find(&lib, "prelude.lua").expect("the library's prelude.lua");
+        let prelude = std::fs::read_to_string(prelude).unwrap();
+        let ours = sess_of(SNAPSHOT_LUA).expect("the snapshot script defines sess_of");
+        assert_eq!(
+            Some(ours),
+            sess_of(&prelude),
+            "the prelude's sess_of changed"
+        );
     }
 }
