@@ -331,10 +331,10 @@ pub(crate) async fn renew_many(
 /// What a `lease.lua` call does with the holder's owner.
 #[derive(Clone, Copy)]
 pub(crate) enum Owner<'a> {
-    /// The holder must belong to the handle with this channel suffix
+    /// The holder must belong to the handle with this channel id
     /// ([`EntryState::Moved`] otherwise: nothing changed).
     Is(&'a str),
-    /// The holder moves to the handle with this channel suffix, from whatever session it is
+    /// The holder moves to the handle with this channel id, from whatever session it is
     /// in (a hand-off's adoption).
     Adopt(&'a str),
 }
@@ -353,8 +353,8 @@ pub(crate) async fn set_lease(
         .run(conn, t, |inv| {
             inv.arg(id).arg(lease_ms);
             match owner {
-                Owner::Is(suffix) => inv.arg(suffix).arg("0"),
-                Owner::Adopt(suffix) => inv.arg(suffix).arg("1"),
+                Owner::Is(channel_id) => inv.arg(channel_id).arg("0"),
+                Owner::Adopt(channel_id) => inv.arg(channel_id).arg("1"),
             };
         })
         .await?;
