@@ -160,7 +160,7 @@ async fn beat(hb: &Heartbeat) {
     let sessions = hb.table.sessions();
     let mut checked: HashSet<Arc<str>> = HashSet::new();
     let mut first = true;
-    let mut call = Call {
+    let mut call = Renewed {
         ok: true,
         poked: false,
     };
@@ -177,7 +177,7 @@ async fn beat(hb: &Heartbeat) {
         } else {
             renew_call(hb, &[], &[], chunk).await
         };
-        call = Call {
+        call = Renewed {
             ok: this.ok,
             poked: call.poked | this.poked,
         };
@@ -200,7 +200,7 @@ async fn beat(hb: &Heartbeat) {
 }
 
 /// What one renewal call did.
-struct Call {
+struct Renewed {
     /// Redis answered.
     ok: bool,
     /// The heartbeat was poked meanwhile (the poke was consumed here).
@@ -215,7 +215,7 @@ async fn renew_call(
     sessions: &[(String, u64)],
     holders: &[String],
     waiters: &[Arc<str>],
-) -> Call {
+) -> Renewed {
     let sent = Instant::now();
     let span = tracing::debug_span!(
         "redsem.renew",
@@ -267,7 +267,7 @@ async fn renew_call(
             false
         }
     };
-    Call { ok, poked }
+    Renewed { ok, poked }
 }
 
 /// A renewal's answer (with whether it counts), or `Err` when none came in time.
