@@ -174,9 +174,14 @@ impl Held {
         })
     }
 
-    /// The length of the lease in Redis for renewals from now on.
+    /// The length of the lease in Redis for renewals from now on (as the handle's state
+    /// keeps it; the last one set once the holder left the state).
     pub(crate) fn lease_len(&self) -> Duration {
-        Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
+        let st = self.handle.table.lock();
+        st.holder(&self.id).map_or_else(
+            || Duration::from_millis(self.lease_ms.load(Ordering::Relaxed)),
+            |h| h.clock.len(),
+        )
     }
 
     /// Changes the lease to `len` (one round trip; validated by the caller): Redis extends
