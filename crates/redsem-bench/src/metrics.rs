@@ -61,7 +61,7 @@ const CLIENT_ONLY: &[&str] = &[
 ];
 
 /// Whether `INFO commandstats`' command `name` came from a client rather than from inside a
-/// script (see [`CLIENT_ONLY`]).
+/// script (see `CLIENT_ONLY`).
 pub fn sent_by_client(name: &str) -> bool {
     SCRIPT_COMMANDS.contains(&name)
         || CLIENT_ONLY.contains(&name)
