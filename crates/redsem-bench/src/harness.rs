@@ -144,11 +144,19 @@ impl Harness {
     pub async fn reset(&self) -> anyhow::Result<()> {
         let mut con = self.admin.clone();
         redis::cmd("FLUSHALL").exec_async(&mut con).await?;
-        redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .exec_async(&mut con)
-            .await?;
-        Ok(())
+        self.reset_stats().await
+    }
+
+    /// `CONFIG RESETSTAT`: `INFO commandstats` counts from zero (its own call included).
+    pub async fn reset_stats(&self) -> anyhow::Result<()> {
+        self.query::<()>(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await
+    }
+
+    /// Any command on the harness's own connection.
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> anyhow::Result<T> {
+        let mut con = self.admin.clone();
+        Ok(cmd.query_async(&mut con).await?)
     }
 
     /// `INFO all`, parsed.

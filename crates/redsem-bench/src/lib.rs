@@ -3,7 +3,7 @@
 //! peers' worker contract (see [`worker`]), so `shared/bench/peers/driver.py` can run it too.
 //!
 //! `cargo run --release -p redsem-bench` runs the default scenarios ([`scenarios`]; `idle`,
-//! `many` and `synced` only when named) for every design against a private `redis-server` it
+//! `many`, `synced` and `admin` only when named) for every design against a private `redis-server` it
 //! starts and stops itself (`test-support`'s [`Server`], in a process group of its own) unless
 //! `REDIS_URL` is set, prints one markdown table per scenario ([`report`]), and writes SVG
 //! charts ([`chart`]) and optionally JSON.
@@ -13,6 +13,7 @@
 pub mod chart;
 pub mod designs;
 pub mod harness;
+pub mod hold;
 pub mod metrics;
 pub mod report;
 pub mod scenarios;

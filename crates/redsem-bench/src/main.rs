@@ -27,11 +27,24 @@ enum Cmd {
         /// The JSON report of a run, e.g. docs/bench/results.json.
         json: std::path::PathBuf,
     },
+    /// The `redsem` command line (crates/redsem-cli) run in this process, exactly as the
+    /// `redsem` binary runs it: the `admin` scenario's `run` rows start `redsem-bench redsem
+    /// run ...`, so they need no separately built binary.
+    #[command(hide = true)]
+    Redsem {
+        /// The arguments of `redsem`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
+        Some(Cmd::Redsem { args }) => {
+            let argv = std::iter::once(std::ffi::OsString::from("redsem")).chain(args);
+            return ExitCode::from(redsem_cli::main(argv));
+        }
         Some(Cmd::Worker(w)) => redsem_bench::worker::run(w).map(|()| 0),
         Some(Cmd::Run(r)) => redsem_bench::run(r),
         Some(Cmd::Report { json }) => redsem_bench::print_saved(&json).map(|()| 0),

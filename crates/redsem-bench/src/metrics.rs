@@ -38,6 +38,38 @@ pub const SCRIPT_COMMANDS: &[&str] = &[
     "script|load",
 ];
 
+/// Commands that only a client sends (a script cannot call them), besides
+/// [`SCRIPT_COMMANDS`]: handshakes, pub/sub, `WAIT`, `INFO`, `PING`, and every `CLIENT`,
+/// `COMMAND` and `CONFIG` subcommand. With the script calls they are the requests that reached
+/// Redis from outside; every other command in `INFO commandstats` ran inside a script (for
+/// clients, like redsem's, that change state only through scripts).
+const CLIENT_ONLY: &[&str] = &[
+    "hello",
+    "auth",
+    "select",
+    "ping",
+    "echo",
+    "info",
+    "wait",
+    "subscribe",
+    "unsubscribe",
+    "ssubscribe",
+    "sunsubscribe",
+    "psubscribe",
+    "punsubscribe",
+    "command",
+];
+
+/// Whether `INFO commandstats`' command `name` came from a client rather than from inside a
+/// script (see `CLIENT_ONLY`).
+pub fn sent_by_client(name: &str) -> bool {
+    SCRIPT_COMMANDS.contains(&name)
+        || CLIENT_ONLY.contains(&name)
+        || ["client|", "command|", "config|"]
+            .iter()
+            .any(|p| name.starts_with(p))
+}
+
 /// One job line of the contract.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct JobRecord {
@@ -136,6 +168,10 @@ pub fn latency(values_ms: &[f64]) -> Option<Latency> {
 pub struct RedisSnapshot {
     /// `calls` per command (`cmdstat_<name>`), since the last `CONFIG RESETSTAT`.
     pub commandstats: BTreeMap<String, u64>,
+    /// `usec` per command (`cmdstat_<name>`): the time Redis spent executing it, those run
+    /// inside a script included in the script call's too.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub commandstats_usec: BTreeMap<String, u64>,
     /// `used_cpu_user + used_cpu_sys` of redis-server, seconds (not reset by RESETSTAT).
     pub cpu_s: f64,
     /// `used_memory`, bytes.
@@ -159,12 +195,14 @@ impl RedisSnapshot {
                 continue;
             };
             if let Some(name) = k.strip_prefix("cmdstat_") {
-                let calls = v
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix("calls="))
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                s.commandstats.insert(name.to_string(), calls);
+                let field = |f: &str| {
+                    v.split(',')
+                        .find_map(|kv| kv.strip_prefix(f))
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0)
+                };
+                s.commandstats.insert(name.to_string(), field("calls="));
+                s.commandstats_usec.insert(name.to_string(), field("usec="));
                 continue;
             }
             match k {
@@ -374,6 +412,9 @@ mod tests {
         assert_eq!(s.redis_version, "7.0.15");
         assert_eq!(s.cpu_s, 3.75);
         assert_eq!(s.commandstats["evalsha"], 12);
+        assert_eq!(s.commandstats_usec["evalsha"], 40);
+        assert!(sent_by_client("evalsha") && sent_by_client("client|setinfo"));
+        assert!(!sent_by_client("zadd"));
         assert_eq!(s.work_commands(), 17);
         assert_eq!(s.script_calls(), 12);
     }

@@ -20,7 +20,8 @@
 //! process-local counter: `req` = now; acquire (a failed attempt is logged to stderr, counted
 //! in `errors` and retried: at once when the waiter's own queue entry expired, after 10 ms on a
 //! Redis/library error; `wait_ms` runs from the first attempt); `acq` = now; with `--announce`
-//! print `{"event":"acquired","acq_ns":..}`; sleep `hold-ms` (skipped when 0); `rel` = now;
+//! print `{"event":"acquired","acq_ns":..}`; sleep `hold-ms` from `acq` (skipped when 0; precise
+//! to tens of microseconds, see [`crate::hold`], where tokio's timer alone would add ~1 ms); `rel` = now;
 //! `release().await` (so `done_ns` is after the release round trip); `done` = now; print the job
 //! line. Every line goes through a locked stdout and is flushed; timestamps are integer
 //! CLOCK_REALTIME nanoseconds. Then one summary line and exit 0.
@@ -160,12 +161,14 @@ impl Job {
     }
 
     async fn hold_and_release(&self, permit: Permit, errors: u64, req_ns: u64) {
+        let acquired = tokio::time::Instant::now();
         let acq_ns = now_ns();
         if self.announce {
             emit(&json!({"event": "acquired", "acq_ns": acq_ns}));
         }
         if !self.hold.is_zero() {
-            tokio::time::sleep(self.hold).await;
+            // to the microsecond, counted from the grant (the announce line included)
+            crate::hold::until(acquired + self.hold).await;
         }
         let rel_ns = now_ns();
         if let Err(e) = self.sem.release(permit).await {

@@ -58,26 +58,34 @@ fn bench(args: &[&str]) -> (String, Value) {
     (stdout, report)
 }
 
-#[test]
-fn idle_many_and_synced_run_at_a_tiny_size() {
-    let (stdout, report) = bench(&[
+/// [`bench`] of `scenarios` for the baseline `counter` (skipped) and `redsem`, one repetition,
+/// at 0.2 % of the size, without charts, with `extra` options.
+fn bench_tiny(scenarios: &str, extra: &[&str]) -> (String, Value) {
+    let mut args = vec![
         "run",
         "--scenarios",
-        "idle,many,synced",
+        scenarios,
         "--designs",
         "counter,redsem",
-        "--reps",
-        "1",
-        "--jobs-scale",
-        "0.002",
-        // three fallback polls (1 s each): a 1 s window can fall between two waiter checks and
-        // see no script call at all
-        "--idle-window-s",
-        "3",
-        "--idle-queue-timeout-s",
-        "60",
-        "--no-svg",
-    ]);
+    ];
+    args.extend(["--reps", "1", "--jobs-scale", "0.002", "--no-svg"]);
+    args.extend(extra);
+    bench(&args)
+}
+
+#[test]
+fn idle_many_and_synced_run_at_a_tiny_size() {
+    let (stdout, report) = bench_tiny(
+        "idle,many,synced",
+        &[
+            // three fallback polls (1 s each): a 1 s window can fall between two waiter checks and
+            // see no script call at all
+            "--idle-window-s",
+            "3",
+            "--idle-queue-timeout-s",
+            "60",
+        ],
+    );
     for s in ["idle", "many", "synced"] {
         assert!(
             stdout.contains(&format!("## Scenario `{s}`")),
@@ -140,6 +148,44 @@ fn idle_many_and_synced_run_at_a_tiny_size() {
         round_trips[1] - round_trips[0] > 1.5,
         "round trips per cycle, plain and synced: {round_trips:?}"
     );
+}
+
+#[test]
+fn admin_runs_at_a_tiny_size() {
+    let (stdout, report) = bench_tiny("admin", &[]);
+    assert!(stdout.contains("## Scenario `admin`"), "no admin table");
+    // the target of the idle limit-100,000 semaphore's memory is checked, whatever its verdict
+    assert!(stdout.contains("≤ 64 KiB: "), "no memory target");
+    let results = report["results"].as_array().unwrap();
+    let rows: Vec<&Value> = results.iter().filter(|r| r["design"] == "redsem").collect();
+    assert_eq!(
+        rows.len(),
+        5,
+        "0 to 10,000 waiters (scaled), and the idle limit-100,000 row"
+    );
+    assert!(
+        results
+            .iter()
+            .any(|r| r["design"] == "counter" && r["skipped"].is_string())
+    );
+    for r in rows {
+        let rep = &r["reps"][0];
+        let what = format!(
+            "{} waiters, limit {}: {rep}",
+            r["params"]["waiters"], r["params"]["limit"]
+        );
+        assert_eq!(rep["complete"], true, "{what}");
+        assert_eq!(
+            f(rep, "queued"),
+            r["params"]["waiters"].as_f64().unwrap(),
+            "{what}"
+        );
+        assert!(f(rep, "memory_bytes") > 0.0, "{what}");
+        for op in ["open", "stats", "run"] {
+            assert!(f(rep, &format!("{op}_redis_us")) > 0.0, "{op}: {what}");
+            assert!(f(rep, &format!("{op}_round_trips")) >= 1.0, "{op}: {what}");
+        }
+    }
 }
 
 #[test]
@@ -218,6 +264,14 @@ fn every_design_and_scenario_runs_correctly() {
                     );
                     assert!(f(rep, "redis_cmds_per_job") > 0.0, "{what}");
                     assert!(f(rep, "round_trips_per_job") > 0.0, "{what}");
+                    // a hold is never shorter than asked (it ends at a deadline, not after a
+                    // sleep that may be cut short)
+                    let asked = r["params"]["hold_ms"].as_f64().unwrap();
+                    if asked > 0.0 {
+                        assert!(f(rep, "hold_mean_ms") >= asked * 0.999, "{what}: {rep}");
+                        assert!(f(rep, "hold_p99_ms") >= asked * 0.999, "{what}: {rep}");
+                        assert!(f(rep, "slot_use") > 0.0, "{what}: {rep}");
+                    }
                 }
             }
         }

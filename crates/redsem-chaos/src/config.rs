@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use redsem::internals::Keys;
 use serde::{Deserialize, Serialize};
 
 /// The key prefix of every run: the workers connect with it, and the runner and the
@@ -231,14 +232,14 @@ impl Config {
         ]
     }
 
-    /// The seven keys of semaphore `name` under the run's prefix, in the library's layout
-    /// and order: `[cfg, queue, exp, meta, slots, free, own]`.
+    /// The keys of semaphore `name` under the run's prefix, named as in the library's layout
+    /// (`cfg`, `queue`, `exp`, `meta`, `slots`, `free`, `own`; all seven in the scripts' order:
+    /// `in_script_order()`).
     ///
     /// # Errors
     /// An invalid semaphore name.
-    pub fn keys(&self, name: &str) -> Result<[String; 7], redsem::Error> {
-        let k = redsem::Keys::new(PREFIX, name)?;
-        Ok(k.in_script_order().map(str::to_owned))
+    pub fn keys(&self, name: &str) -> Result<Keys, redsem::Error> {
+        Keys::new(PREFIX, name)
     }
 
     /// The run's lease.

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redsem::internals::Keys;
+use redsem_chaos::config::PREFIX;
 use redsem_chaos::proxy::{Class, ClientProxy};
 use test_support::Server;
 
@@ -39,6 +41,7 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
         // a loaded CI machine (600 ms was flaky there); the loss must still come before it
         let lease = Duration::from_millis(2000);
         let name = "stuck-renewal";
+        let keys = Keys::new(PREFIX, name).unwrap();
 
         let holder_client = redsem::Client::connect(&server.url()).await.unwrap();
         let holder_sem = holder_client
@@ -59,14 +62,13 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
             .await
             .unwrap();
         let waiting = tokio::spawn(async move { waiter_sem.acquire().await });
-        let queue_key = format!("redsem:{{{name}}}:queue");
         for _ in 0..500 {
-            if server.cmd(&["ZCARD", &queue_key]).as_int() == Some(1) {
+            if server.cmd(&["ZCARD", &keys.queue]).as_int() == Some(1) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(server.cmd(&["ZCARD", &queue_key]).as_int(), Some(1));
+        assert_eq!(server.cmd(&["ZCARD", &keys.queue]).as_int(), Some(1));
 
         // from now on the waiter's renewals hang; its notifications still arrive
         proxy.blackhole(Class::Cmd, true);
@@ -84,8 +86,8 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
                 "EVAL",
                 LEASE_OF,
                 "2",
-                &format!("redsem:{{{name}}}:own"),
-                &format!("redsem:{{{name}}}:exp"),
+                &keys.own,
+                &keys.exp,
                 permit.holder_id(),
             ])
             .as_str()
@@ -122,6 +124,7 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
         let proxy = ClientProxy::start(server.addr()).await.unwrap();
         let lease = Duration::from_millis(600);
         let name = "late-grant";
+        let keys = Keys::new(PREFIX, name).unwrap();
 
         let holder_client = redsem::Client::connect(&server.url()).await.unwrap();
         let holder_sem = holder_client
@@ -140,8 +143,7 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
             .await
             .unwrap();
         let url = server.url();
-        let exp_key = format!("redsem:{{{name}}}:exp");
-        let own_key = format!("redsem:{{{name}}}:own");
+        let (exp_key, own_key) = (keys.exp.clone(), keys.own.clone());
         let waiting = tokio::spawn(async move {
             let permit = waiter_sem.acquire().await.unwrap();
             let returned_at = now_ms();
@@ -162,14 +164,13 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
                 .unwrap();
             (permit, returned_at, expiry.map(|e| e as i64))
         });
-        let queue_key = format!("redsem:{{{name}}}:queue");
         for _ in 0..500 {
-            if server.cmd(&["ZCARD", &queue_key]).as_int() == Some(1) {
+            if server.cmd(&["ZCARD", &keys.queue]).as_int() == Some(1) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(server.cmd(&["ZCARD", &queue_key]).as_int(), Some(1));
+        assert_eq!(server.cmd(&["ZCARD", &keys.queue]).as_int(), Some(1));
 
         // the waiter's process hears nothing for longer than the lease: it is granted the
         // permit meanwhile, and the lease it keeps runs out in Redis

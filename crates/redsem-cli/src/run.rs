@@ -140,23 +140,12 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     let stop = Stopping::new(a.lease, a.kill_after).map_err(Failure::Other)?;
     let mut signals = Signals::install()
         .map_err(|e| Failure::Other(format!("cannot install signal handlers: {e}")))?;
-    let name = a.name().to_owned();
     let (program, args) = program_and_args(&a);
     let label = a
         .label
         .clone()
         .unwrap_or_else(|| default_label(a.command()));
-
-    if a.lease > LONG_LEASE {
-        say!(
-            "redsem: warning: --lease {}: if redsem or its host dies (kill -9, a power cut), \
-             its permits stay blocked for up to {} before anyone else can have them; the lease \
-             is renewed while the command runs, so a long command does not need a long lease \
-             (the default 10s is enough)",
-            fmt_dur(a.lease),
-            fmt_dur(a.lease)
-        );
-    }
+    warn_if_long(a.lease);
 
     // Do not queue for a command that cannot run.
     if let Err((code, what)) = check_program(&program) {
@@ -175,6 +164,56 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         sig = signals.recv() => return Ok(128 + sig as u8),
     };
 
+    let permit = match wait_for_permits(&client, &sem, &a, &mut signals).await? {
+        Ok(permit) => permit,
+        Err(code) => return Ok(code),
+    };
+    let mut child = match command(g, &a, &program, &args, &permit).spawn() {
+        Ok(c) => c,
+        Err(e) => return Ok(cannot_spawn(&e, &program, permit, &client).await),
+    };
+    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let terminal = Terminal::hand_to(pgid);
+    let (status, stopped) = watch(&mut child, &permit, pgid, stop, &a, &mut signals).await;
+    terminal.take_back();
+    let status = status.map_err(|e| Failure::Other(format!("cannot wait for the command: {e}")))?;
+
+    if let Some(code) = stopped {
+        // the lease is gone, or about to be: nothing of the group may keep using the resource
+        killpg(pgid, libc::SIGKILL);
+        // (a permit lost to --max-hold is still in Redis: this releases it at once)
+        drop(permit);
+        shutdown(&client).await;
+        return Ok(code);
+    }
+    release(permit, &client, &a).await;
+    Ok(exit_code(status))
+}
+
+/// Warns about a `--lease` longer than [`LONG_LEASE`].
+fn warn_if_long(lease: Duration) {
+    if lease > LONG_LEASE {
+        say!(
+            "redsem: warning: --lease {}: if redsem or its host dies (kill -9, a power cut), \
+             its permits stay blocked for up to {} before anyone else can have them; the lease \
+             is renewed while the command runs, so a long command does not need a long lease \
+             (the default 10s is enough)",
+            fmt_dur(lease),
+            fmt_dur(lease)
+        );
+    }
+}
+
+/// Waits for the permits (`-v`: showing the progress). `Ok(Err(code))`: `run` ends with that
+/// exit status without running the command (a signal came, the permits were not free in time,
+/// an operator removed the request), the client shut down and the reason said.
+async fn wait_for_permits(
+    client: &redsem::Client,
+    sem: &redsem::Semaphore,
+    a: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Result<redsem::Permit, u8>, Failure> {
+    let name = a.name();
     let started = Instant::now();
     if a.verbose {
         say!(
@@ -183,52 +222,33 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             sem.limit()
         );
     }
-    let acquire = sem.acquire_with(acquire_options(&a));
+    let acquire = sem.acquire_with(acquire_options(a));
     let acquired = tokio::select! {
         r = acquire => r,
-        () = progress(&client, &name, a.permits, started), if a.verbose => unreachable!(),
+        () = progress(client, name, a.permits, started), if a.verbose => unreachable!(),
         sig = signals.recv() => {
             // the cancelled acquire leaves the queue in the background: let it finish
-            shutdown(&client).await;
-            return Ok(128 + sig as u8);
+            shutdown(client).await;
+            return Ok(Err(128 + sig as u8));
         }
     };
     let permit = match acquired {
         Ok(p) => p,
         Err(e @ (redsem::Error::Timeout { .. } | redsem::Error::NoPermits { .. })) => {
-            shutdown(&client).await;
-            let busy = match client.inspect(&name).await {
-                Ok(s) => format!(
-                    "; {} of {} permits in use, {} waiting",
-                    s.in_use, s.limit, s.waiter_count
-                ),
-                Err(_) => String::new(),
-            };
-            let why = match e {
-                redsem::Error::NoPermits { reason, .. } if a.nonblock => {
-                    format!("not free right now (-n): {reason}")
-                }
-                redsem::Error::NoPermits { reason, .. } => {
-                    format!("not free right now (--timeout 0): {reason}")
-                }
-                _ => format!("not granted within {}", fmt_dur(started.elapsed())),
-            };
-            say!(
-                "redsem: timeout: {} permit(s) of semaphore {name:?} {why}{busy}; the command was not run",
-                a.permits
-            );
-            return Ok(a.conflict_exit_code);
+            shutdown(client).await;
+            say!("{}", not_granted(client, a, &e, started).await);
+            return Ok(Err(a.conflict_exit_code));
         }
         Err(redsem::Error::RemovedFromQueue { .. }) => {
-            shutdown(&client).await;
+            shutdown(client).await;
             say!(
                 "redsem: an operator removed this request for {} permit(s) of semaphore {name:?} from the queue (`redsem release`); the command was not run",
                 a.permits
             );
-            return Ok(EXIT_REMOVED);
+            return Ok(Err(EXIT_REMOVED));
         }
         Err(e) => {
-            shutdown(&client).await;
+            shutdown(client).await;
             return Err(e.into());
         }
     };
@@ -240,12 +260,54 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             permit.holder_id()
         );
     }
+    Ok(Ok(permit))
+}
 
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&args)
+/// The message of a wait that ended without the permits (`e`: a timeout, or `-n` or
+/// `--timeout 0` finding them taken), with how busy the semaphore is.
+async fn not_granted(
+    client: &redsem::Client,
+    a: &RunArgs,
+    e: &redsem::Error,
+    started: Instant,
+) -> String {
+    let name = a.name();
+    let busy = match client.inspect(name).await {
+        Ok(s) => format!(
+            "; {} of {} permits in use, {} waiting",
+            s.in_use, s.limit, s.waiter_count
+        ),
+        Err(_) => String::new(),
+    };
+    let why = match e {
+        redsem::Error::NoPermits { reason, .. } if a.nonblock => {
+            format!("not free right now (-n): {reason}")
+        }
+        redsem::Error::NoPermits { reason, .. } => {
+            format!("not free right now (--timeout 0): {reason}")
+        }
+        _ => format!("not granted within {}", fmt_dur(started.elapsed())),
+    };
+    format!(
+        "redsem: timeout: {} permit(s) of semaphore {name:?} {why}{busy}; the command was not run",
+        a.permits
+    )
+}
+
+/// The command to run under `permit`: in a process group of its own, with the permit in its
+/// environment (see [`RUN_HELP`]), and dying with redsem.
+fn command(
+    g: &Global,
+    a: &RunArgs,
+    program: &OsStr,
+    args: &[OsString],
+    permit: &redsem::Permit,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
         .process_group(0)
-        .env("REDSEM_NAME", &name)
-        .env("REDSEM_SLOTS", slots_var(&permit))
+        .env("REDSEM_NAME", a.name())
+        .env("REDSEM_SLOTS", slots_var(permit))
         .env("REDSEM_FENCES", fmt_fences(permit.fences()))
         .env("REDSEM_HOLDER", permit.holder_id())
         .env("REDSEM_TICKET", permit.ticket().to_string());
@@ -256,39 +318,57 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         cmd.env_remove("REDSEM_URL");
     }
     die_with_parent(&mut cmd);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let (code, what) = match e.kind() {
-                std::io::ErrorKind::NotFound => (EXIT_NOT_FOUND, "command not found".to_owned()),
-                std::io::ErrorKind::PermissionDenied => {
-                    (EXIT_NOT_EXECUTABLE, "permission denied".to_owned())
-                }
-                _ => (EXIT_NOT_EXECUTABLE, e.to_string()),
-            };
-            let deadline = Instant::now() + RELEASE_WAIT;
-            let _ = tokio::time::timeout_at(deadline, permit.release()).await;
-            shutdown_by(&client, deadline).await;
-            say!(
-                "redsem: cannot run {:?}: {what}; the permits were released",
-                program.to_string_lossy()
-            );
-            return Ok(code);
-        }
-    };
-    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
-    let terminal = Terminal::hand_to(pgid);
+    cmd
+}
 
+/// The command could not be started (`e`): releases the permits, shuts the client down and
+/// says why; returns the exit status (127: not found, 126: not executable).
+async fn cannot_spawn(
+    e: &std::io::Error,
+    program: &OsStr,
+    permit: redsem::Permit,
+    client: &redsem::Client,
+) -> u8 {
+    let (code, what) = match e.kind() {
+        std::io::ErrorKind::NotFound => (EXIT_NOT_FOUND, "command not found".to_owned()),
+        std::io::ErrorKind::PermissionDenied => {
+            (EXIT_NOT_EXECUTABLE, "permission denied".to_owned())
+        }
+        _ => (EXIT_NOT_EXECUTABLE, e.to_string()),
+    };
+    let deadline = Instant::now() + RELEASE_WAIT;
+    let _ = tokio::time::timeout_at(deadline, permit.release()).await;
+    shutdown_by(client, deadline).await;
+    say!(
+        "redsem: cannot run {:?}: {what}; the permits were released",
+        program.to_string_lossy()
+    );
+    code
+}
+
+/// Supervises the command (process group `pgid`) until it exits: forwards signals, and stops
+/// it (SIGTERM, then SIGKILL) when `permit` is lost, or before its lease could run out in
+/// Redis. Returns its exit status, and redsem's exit status when it had to be stopped.
+async fn watch(
+    child: &mut tokio::process::Child,
+    permit: &redsem::Permit,
+    pgid: i32,
+    stop: Stopping,
+    a: &RunArgs,
+    signals: &mut Signals,
+) -> (std::io::Result<std::process::ExitStatus>, Option<u8>) {
+    let mut w = Watch {
+        a,
+        stop,
+        pgid,
+        stopped: None,
+        kill_at: None,
+    };
     let lost = permit.lost();
     tokio::pin!(lost);
     // The moment the lease could run out in Redis, as last seen while the permit was not
     // lost: it only moves later (with renewals).
     let mut deadline = Instant::now() + permit.lease_left();
-    // Once the command is being stopped (SIGTERM sent): when SIGKILL is due, `None` once sent;
-    // and redsem's exit status then.
-    let mut stopping = false;
-    let mut stopped_status = EXIT_LOST;
-    let mut kill_at: Option<Instant> = None;
     let status = loop {
         if !permit.is_lost() {
             deadline = Instant::now() + permit.lease_left();
@@ -303,80 +383,111 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             // another's already
             // (or the maximum hold time was reached: Redis no longer renews the permits, which
             // keep the lease they had)
-            reason = &mut lost, if !stopping => {
-                let now = Instant::now();
-                let at = (now + stop.kill_after).min(deadline.max(now));
-                let (why, status) = match (reason, a.max_hold) {
-                    (redsem::LostReason::MaxHold, Some(max)) => (
-                        format!(
-                            "the maximum hold time of semaphore {name:?} was reached \
-                             (--max-hold {}) while the command ran",
-                            fmt_dur(max)
-                        ),
-                        EXIT_MAX_HOLD,
-                    ),
-                    _ => (
-                        format!(
-                            "lost the slot of semaphore {name:?} while the command ran: {reason}"
-                        ),
-                        EXIT_LOST,
-                    ),
-                };
-                say!(
-                    "redsem: {why}; sending SIGTERM to its process group {pgid}, SIGKILL in {}",
-                    fmt_dur(at - now)
-                );
-                killpg(pgid, libc::SIGTERM);
-                stopping = true;
-                stopped_status = status;
-                kill_at = Some(at);
-            }
+            reason = &mut lost, if w.stopped.is_none() => w.lost(reason, deadline),
             // no renewal confirmed in time: stop the command before the lease can run out
-            _ = tokio::time::sleep_until(term_at), if !stopping => {
-                let left = permit.lease_left();
-                if left <= stop.kill_after {
-                    say!(
-                        "redsem: about to lose the slot of semaphore {name:?}: Redis has not \
-                         confirmed a renewal of its lease, which could run out in Redis in {}; \
-                         sending SIGTERM to the command's process group {pgid}, SIGKILL in {}",
-                        fmt_dur(left),
-                        fmt_dur(left)
-                    );
-                    killpg(pgid, libc::SIGTERM);
-                    stopping = true;
-                    kill_at = Some(Instant::now() + left);
-                }
-                // else a renewal moved the deadline on: wait for the new one
+            _ = tokio::time::sleep_until(term_at), if w.stopped.is_none() => {
+                w.lease_running_out(permit.lease_left());
             }
             // (without a kill time the branch is disabled and its sleep never polled)
-            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)),
-                if kill_at.is_some() => {
-                say!(
-                    "redsem: the command did not exit after SIGTERM; sending SIGKILL to process \
-                     group {pgid} before its slot can be granted elsewhere"
-                );
-                killpg(pgid, libc::SIGKILL);
-                kill_at = None;
-            }
-            sig = signals.recv() => {
-                if a.verbose {
-                    say!("redsem: forwarding {} to process group {pgid}", signal_name(sig));
-                }
-                killpg(pgid, sig);
-            }
+            _ = tokio::time::sleep_until(w.kill_at.unwrap_or_else(Instant::now)),
+                if w.kill_at.is_some() => w.kill(),
+            sig = signals.recv() => w.forward(sig),
         }
     };
-    terminal.take_back();
-    let status = status.map_err(|e| Failure::Other(format!("cannot wait for the command: {e}")))?;
+    (status, w.stopped)
+}
 
-    if stopping {
-        // the lease is gone, or about to be: nothing of the group may keep using the resource
-        killpg(pgid, libc::SIGKILL);
-        // (a permit lost to --max-hold is still in Redis: this releases it at once)
-        drop(permit);
-        shutdown(&client).await;
-        return Ok(stopped_status);
+/// What [`watch`] knows of the command it stops.
+struct Watch<'a> {
+    a: &'a RunArgs,
+    stop: Stopping,
+    /// The command's process group.
+    pgid: i32,
+    /// Once the command is being stopped (SIGTERM sent): redsem's exit status then.
+    stopped: Option<u8>,
+    /// When SIGKILL is due, once SIGTERM was sent; `None` once SIGKILL was sent.
+    kill_at: Option<Instant>,
+}
+
+impl Watch<'_> {
+    /// The permit was lost (`reason`) while the command ran: SIGTERM now, SIGKILL after
+    /// `--kill-after` or at `deadline`, whichever comes first.
+    fn lost(&mut self, reason: redsem::LostReason, deadline: Instant) {
+        let name = self.a.name();
+        let now = Instant::now();
+        let at = (now + self.stop.kill_after).min(deadline.max(now));
+        let (why, status) = match (reason, self.a.max_hold) {
+            (redsem::LostReason::MaxHold, Some(max)) => (
+                format!(
+                    "the maximum hold time of semaphore {name:?} was reached \
+                     (--max-hold {}) while the command ran",
+                    fmt_dur(max)
+                ),
+                EXIT_MAX_HOLD,
+            ),
+            _ => (
+                format!("lost the slot of semaphore {name:?} while the command ran: {reason}"),
+                EXIT_LOST,
+            ),
+        };
+        say!(
+            "redsem: {why}; sending SIGTERM to its process group {}, SIGKILL in {}",
+            self.pgid,
+            fmt_dur(at - now)
+        );
+        killpg(self.pgid, libc::SIGTERM);
+        self.stopped = Some(status);
+        self.kill_at = Some(at);
     }
+
+    /// The time to stop the command came, `left` before its lease could run out: SIGTERM
+    /// now and SIGKILL then, unless a renewal moved the deadline on meanwhile.
+    fn lease_running_out(&mut self, left: Duration) {
+        if left <= self.stop.kill_after {
+            say!(
+                "redsem: about to lose the slot of semaphore {:?}: Redis has not \
+                 confirmed a renewal of its lease, which could run out in Redis in {}; \
+                 sending SIGTERM to the command's process group {}, SIGKILL in {}",
+                self.a.name(),
+                fmt_dur(left),
+                self.pgid,
+                fmt_dur(left)
+            );
+            killpg(self.pgid, libc::SIGTERM);
+            self.stopped = Some(EXIT_LOST);
+            self.kill_at = Some(Instant::now() + left);
+        }
+        // else a renewal moved the deadline on: wait for the new one
+    }
+
+    /// SIGTERM did not stop the command in time.
+    fn kill(&mut self) {
+        say!(
+            "redsem: the command did not exit after SIGTERM; sending SIGKILL to process \
+             group {} before its slot can be granted elsewhere",
+            self.pgid
+        );
+        killpg(self.pgid, libc::SIGKILL);
+        self.kill_at = None;
+    }
+
+    /// Forwards a signal redsem received to the command's group.
+    fn forward(&self, sig: i32) {
+        if self.a.verbose {
+            say!(
+                "redsem: forwarding {} to process group {}",
+                signal_name(sig),
+                self.pgid
+            );
+        }
+        killpg(self.pgid, sig);
+    }
+}
+
+/// Releases the permits of a command that exited by itself, waiting up to [`RELEASE_WAIT`]
+/// for Redis to confirm, and shuts the client down.
+async fn release(permit: redsem::Permit, client: &redsem::Client, a: &RunArgs) {
+    let name = a.name();
     let held = permit.holder_id().to_owned();
     let deadline = Instant::now() + RELEASE_WAIT;
     match tokio::time::timeout_at(deadline, permit.release()).await {
@@ -396,8 +507,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
             fmt_dur(a.lease)
         ),
     }
-    shutdown_by(&client, deadline).await;
-    Ok(exit_code(status))
+    shutdown_by(client, deadline).await;
 }
 
 /// The acquisition `run` makes: `--permits`, how long to wait (`--timeout`, `-n`), and

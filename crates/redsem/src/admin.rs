@@ -39,7 +39,7 @@ impl Client {
         let keys = conn
             .scan_match(&pattern)
             .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+            .map_err(Error::from_server)?;
         for key in keys {
             let name = key
                 .strip_prefix(&head)

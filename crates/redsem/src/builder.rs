@@ -126,10 +126,10 @@ impl SemaphoreBuilder {
     }
 
     /// How often the leases of this process are renewed (default a third of the lease). Must
-    /// be at most a third of the lease: a permit is trusted until the renewal *before* the
-    /// last confirmed one + lease − margin (so that a failover that lost the last renewal
-    /// cannot end the lease earlier than the holder believes), and the next renewal, with
-    /// its retries, must fit before that.
+    /// be at most a third of the lease: a permit trusts its lease only from a renewal that a
+    /// failover could not have lost (one answered at least an interval before a later one
+    /// was sent), so the renewals after it, with their retries, must fit in what is left of
+    /// the lease (the client rules: the `core` module, see docs/ARCHITECTURE.md).
     pub fn renew_every(mut self, every: Duration) -> Self {
         self.renew_every = Some(every);
         self

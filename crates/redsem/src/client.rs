@@ -94,7 +94,7 @@ impl Client {
         redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
-            .map_err(|e| Error::from_redis(e, ""))
+            .map_err(Error::from_server)
     }
 
     /// Shuts the client down gracefully; call it before a process exits.

@@ -1,6 +1,8 @@
 //! The crate's error type.
 
 use std::fmt;
+
+use crate::codes::{Code, script_detail};
 use std::time::Duration;
 
 /// Why a held permit's slot is gone.
@@ -422,75 +424,35 @@ impl Error {
         }
     }
 
+    /// `err`, from a call about the semaphore `name`, as redsem's error ([`Code`] decides).
     pub(crate) fn from_redis(err: redis::RedisError, name: &str) -> Error {
+        let named = |f: fn(String, String) -> Error| f(name.to_owned(), script_detail(&err));
+        match Code::of(&err) {
+            Code::WrongType => named(|name, detail| Error::WrongType { name, detail }),
+            Code::Protocol => named(|name, detail| Error::ProtocolMismatch { name, detail }),
+            Code::Foreign => named(|name, detail| Error::NotASemaphore { name, detail }),
+            Code::Corrupt => named(|name, detail| Error::Corrupt { name, detail }),
+            _ => Error::from_server(err),
+        }
+    }
+
+    /// `err`, from a call about no semaphore in particular (connecting, probing, listing),
+    /// as redsem's error ([`Code`] decides).
+    pub(crate) fn from_server(err: redis::RedisError) -> Error {
         let text = err.to_string();
-        let code = err.code().unwrap_or("");
-        if err.is_timeout()
-            || err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-            || matches!(err.kind(), redis::ErrorKind::ClusterConnectionNotFound)
-            || matches!(
-                code,
-                "LOADING" | "BUSY" | "CLUSTERDOWN" | "MASTERDOWN" | "TRYAGAIN" | "READONLY"
-            )
-        {
-            return Error::Unreachable(BackendError(err));
-        }
-        if code == "WRONGTYPE" || text.contains("WRONGTYPE") {
-            return Error::WrongType {
-                name: name.to_owned(),
-                detail: err.detail().unwrap_or(&text).to_owned(),
-            };
-        }
-        if code == "REDSEM_PROTOCOL" {
-            let detail = err.detail().unwrap_or(&text);
-            // Redis appends " script: <sha>, on @user_script:<line>."
-            let detail = detail.split(" script: ").next().unwrap_or(detail);
-            return Error::ProtocolMismatch {
-                name: name.to_owned(),
-                detail: detail.to_owned(),
-            };
-        }
-        if code == "REDSEM_FOREIGN" {
-            let detail = err.detail().unwrap_or(&text);
-            let detail = detail.split(" script: ").next().unwrap_or(detail);
-            return Error::NotASemaphore {
-                name: name.to_owned(),
-                detail: detail.to_owned(),
-            };
-        }
-        if code == "REDSEM_CORRUPT" {
-            let detail = err.detail().unwrap_or(&text);
-            let detail = detail.split(" script: ").next().unwrap_or(detail);
-            return Error::Corrupt {
-                name: name.to_owned(),
-                detail: detail.to_owned(),
-            };
-        }
-        if code == "NOPERM"
-            || text.contains("NOPERM")
-            || text.contains("no permissions")
-            || text.contains("can't run this command")
-        {
-            return Error::NoPermission(text);
-        }
-        if code == "NOAUTH" || text.contains("NOAUTH") {
-            return Error::Auth(format!(
+        match Code::of(&err) {
+            Code::Unavailable => Error::Unreachable(BackendError(err)),
+            Code::NoPermission => Error::NoPermission(text),
+            Code::NoAuth => Error::Auth(format!(
                 "the server needs a password: put it in the URL as \
                  redis://user:password@host:port/ (redis://:password@host:port/ for the default \
                  user) [{text}]"
-            ));
-        }
-        if matches!(err.kind(), redis::ErrorKind::AuthenticationFailed)
-            || code == "WRONGPASS"
-            || text.contains("WRONGPASS")
-        {
-            return Error::Auth(format!(
+            )),
+            Code::WrongPass => Error::Auth(format!(
                 "the user name or password in the URL is wrong, or the user is disabled [{text}]"
-            ));
+            )),
+            _ => Error::Backend(BackendError(err)),
         }
-        Error::Backend(BackendError(err))
     }
 }
 

@@ -119,11 +119,15 @@ mod stats;
 pub mod tower;
 // engine
 mod engine;
+// core (pure: no I/O)
+mod core;
 // protocol
 mod protocol;
 // transport
 mod backend;
 // bottom
+mod backoff;
+mod codes;
 mod error;
 pub mod metrics;
 
@@ -148,7 +152,7 @@ pub use stats::{HolderInfo, STATS_LISTED, Stats, WaiterInfo};
 /// Not a public API: no stability promise.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::engine::margin;
+    pub use crate::core::margin;
     pub use crate::protocol::ids::session_id;
     pub use crate::protocol::keys::Keys;
 }

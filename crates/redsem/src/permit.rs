@@ -62,7 +62,7 @@ impl fmt::Debug for Permit {
             .field("semaphore", &self.held.name())
             .field("holder_id", &self.held.id())
             .field("fences", &self.fences)
-            .field("lost", &self.held.lease().lost_reason())
+            .field("lost", &self.held.signal().lost_reason())
             .finish()
     }
 }
@@ -95,7 +95,7 @@ impl Permit {
     /// [`LostReason::Unreachable`] when only the local deadline has passed (no renewal was
     /// confirmed in time). `None` while it is not lost. Cheap, no I/O.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        match self.held.lease().lost_reason() {
+        match self.held.signal().lost_reason() {
             Some(reason) => Some(reason),
             None if self.held.past_max_hold() => Some(LostReason::MaxHold),
             None if self.held.is_lost() => Some(LostReason::Unreachable),
@@ -193,7 +193,7 @@ impl Permit {
     /// A future that resolves with the reason once the lease is lost, and never resolves if
     /// it is not (including after release). `'static`, so it can be moved into a task.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.held.lease().lost_receiver();
+        let mut rx = self.held.signal().lost_receiver();
         async move {
             let reason = match rx.wait_for(Option::is_some).await {
                 Ok(reason) => *reason,
@@ -209,7 +209,7 @@ impl Permit {
     /// A token cancelled when the lease is lost: hand child tokens to spawned sub-tasks so
     /// that they stop too.
     pub fn cancellation_token(&self) -> CancellationToken {
-        self.held.lease().token().clone()
+        self.held.signal().token().clone()
     }
 
     /// Runs `work` while holding the permit, then releases it.

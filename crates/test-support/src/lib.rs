@@ -1,5 +1,7 @@
 //! Private Redis / Valkey servers (single, [`Cluster`], [`Sentinels`], TLS with throwaway
-//! certificates) and a fault-injecting TCP proxy for redsem's tests.
+//! certificates) and a fault-injecting TCP proxy for redsem's tests; and [`source`], what a
+//! crate's files say about its structure (import cycles, long functions), for structural
+//! tests.
 //!
 //! Everything here is synchronous, so it works from plain `#[test]`s and from
 //! `#[tokio::test]`s alike, and it keeps no process-wide state that would break tests running
@@ -22,6 +24,7 @@ pub mod proxy;
 mod resp;
 pub mod sentinel;
 mod server;
+pub mod source;
 pub mod tls;
 
 pub use cluster::{Cluster, ClusterOptions};

@@ -12,6 +12,7 @@
 //! | `idle` (only when named) | 1k, 10k, 100k waiting tasks in 4 processes behind one holder process: Redis CPU % of a core and script calls per second over a window once all are queued (`redsem` only) |
 //! | `many` (only when named) | 1 process, 1,000 semaphores, one holder and one waiter on each: the same figures (`redsem` only) |
 //! | `synced` (only when named) | 1 process x 1 task, sequential acquire+release cycles on a private master with one replica: plain vs synced mode (`redsem` only) |
+//! | `admin` (only when named) | Redis time per `open`, `stats` (inspect) and `redsem run` behind 0 to 10,000 waiters (limit 10) and on an idle semaphore of limit 100,000, and that semaphore's memory, on a private redis-server (`redsem` only) |
 //!
 //! `--jobs-scale F` multiplies job counts (and the `scale` task count, the `memory`, `idle`
 //! waiter counts, the `many` semaphore count) for quick smoke runs; `crash` is unaffected.
@@ -20,6 +21,7 @@
 //! shared by the scenarios made of jobs (`base`, `scale`, `throughput`, `handoff`). This file
 //! holds what they all share: the options, the result types, the selection and the run loop.
 
+pub mod admin;
 pub mod base;
 pub mod crash;
 pub mod handoff;
@@ -47,7 +49,8 @@ use crate::worker::now_ns;
 #[derive(Clone, Debug, clap::Args)]
 pub struct RunArgs {
     /// Comma list of scenarios: base,crash,scale,throughput,handoff,memory (default and `all`:
-    /// these six), idle,many,synced (slow, or need a replica: only when named).
+    /// these six), idle,many,synced,admin (slow, or need a replica or a private server: only
+    /// when named).
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Comma list of designs: counter,zset-poll,fifo-poll,fifo-notify,redsem (default: all).
@@ -118,6 +121,9 @@ pub enum ScenarioKind {
     Many,
     /// What synced mode costs per acquisition (not in the default set: it needs a replica).
     Synced,
+    /// Redis time of the operator paths as the queue grows (not in the default set: it queues
+    /// 10,000 waiters and takes minutes).
+    Admin,
 }
 
 impl ScenarioKind {
@@ -133,7 +139,7 @@ impl ScenarioKind {
 
     /// Every scenario: the default set, then those that run only when named (they take
     /// minutes).
-    pub const EVERY: [ScenarioKind; 9] = [
+    pub const EVERY: [ScenarioKind; 10] = [
         ScenarioKind::Base,
         ScenarioKind::Crash,
         ScenarioKind::Scale,
@@ -143,6 +149,7 @@ impl ScenarioKind {
         ScenarioKind::Idle,
         ScenarioKind::Many,
         ScenarioKind::Synced,
+        ScenarioKind::Admin,
     ];
 
     /// Command-line name.
@@ -157,6 +164,7 @@ impl ScenarioKind {
             ScenarioKind::Idle => "idle",
             ScenarioKind::Many => "many",
             ScenarioKind::Synced => "synced",
+            ScenarioKind::Admin => "admin",
         }
     }
 
@@ -194,6 +202,9 @@ pub struct ScenarioParams {
     /// Synced: replicas every grant waits for (0 = plain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synced_replicas: Option<u32>,
+    /// Admin: waiters queued behind the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiters: Option<u64>,
 }
 
 impl ScenarioParams {
@@ -211,6 +222,7 @@ impl ScenarioParams {
             ScenarioKind::Idle => idle::variants(scale, a),
             ScenarioKind::Many => vec![many::params(n, a)],
             ScenarioKind::Synced => synced::variants(n),
+            ScenarioKind::Admin => admin::variants(scale, a),
         }
     }
 
@@ -222,6 +234,7 @@ impl ScenarioParams {
             ScenarioKind::Idle => idle::describe(self),
             ScenarioKind::Many => many::describe(self),
             ScenarioKind::Synced => synced::describe(self),
+            ScenarioKind::Admin => admin::describe(self),
             _ => format!(
                 "{} process(es) x {} tasks, limit {}, {} jobs ({} per process) x {} ms hold, lease {} s{}",
                 self.procs,
@@ -373,7 +386,7 @@ pub fn selection(a: &RunArgs) -> anyhow::Result<(Vec<ScenarioKind>, Vec<DesignKi
             continue;
         }
         sc.push(ScenarioKind::parse(s).with_context(|| {
-            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory,idle,many,synced)")
+            format!("unknown scenario {s:?} (base,crash,scale,throughput,handoff,memory,idle,many,synced,admin)")
         })?);
     }
     if sc.is_empty() {
@@ -413,6 +426,9 @@ fn skip_reason(kind: ScenarioKind, design: DesignKind) -> Option<String> {
     }
     if kind == ScenarioKind::Synced && design != DesignKind::Redsem {
         return Some("skipped: the reference's designs have no synced mode".into());
+    }
+    if kind == ScenarioKind::Admin && design != DesignKind::Redsem {
+        return Some("skipped: the operator paths (open, stats, run) are the library's".into());
     }
     if matches!(kind, ScenarioKind::Idle | ScenarioKind::Many) && design != DesignKind::Redsem {
         return Some(
@@ -486,6 +502,7 @@ async fn run_reps(
             ScenarioKind::Idle => idle::run_once(h, design, params, rep).await?,
             ScenarioKind::Many => many::run_once(h, design, params, rep).await?,
             ScenarioKind::Synced => synced::run_once(a, design, params, rep).await?,
+            ScenarioKind::Admin => admin::run_once(params, rep).await?,
             _ => jobs::run_once(h, a, kind, design, params, rep).await?,
         };
         progress.println(format!(
@@ -522,6 +539,7 @@ fn one_line(kind: ScenarioKind, r: &RepResult) -> String {
         ScenarioKind::Crash => crash::one_line(r),
         ScenarioKind::Memory => memory::one_line(r),
         ScenarioKind::Idle | ScenarioKind::Many => idle::one_line(r),
+        ScenarioKind::Admin => admin::one_line(r),
         _ => jobs::one_line(r),
     };
     if r.timed_out {

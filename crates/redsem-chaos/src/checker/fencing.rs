@@ -18,11 +18,17 @@ use std::collections::HashMap;
 use super::logs::Logs;
 use super::report::Report;
 use super::stale_belief::Stale;
-use super::{ms_fmt, overlaps};
+use super::time::{ms_fmt, overlaps};
 
 /// Checks property 4, with `inv` from property 3.
 pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {
-    // replay
+    replay(logs, inv, r);
+    unique_and_increasing(logs, r);
+}
+
+/// Replays the resource's decisions, and judges each write by what its op believed and what
+/// Redis held (`inv`, from property 3).
+fn replay(logs: &Logs, inv: &[Stale], r: &mut Report) {
     let mut table: HashMap<(usize, u32), u64> = HashMap::new();
     for w in &logs.writes {
         let expect = if w.decision == 'X' {
@@ -88,7 +94,11 @@ pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {
             _ => {}
         }
     }
-    // unique and increasing generations
+}
+
+/// No two grants share `(semaphore, slot, generation)`, and the generations of a slot
+/// increase in grant order.
+fn unique_and_increasing(logs: &Logs, r: &mut Report) {
     let mut seen: HashMap<(usize, u32, u64), &str> = HashMap::new();
     // (semaphore, slot) → (grant time, generation, op), every incarnation together
     type Grants<'a> = HashMap<(usize, u32), Vec<(i64, u64, &'a str)>>;

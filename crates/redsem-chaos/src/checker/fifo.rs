@@ -24,9 +24,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::ms_fmt;
 use super::report::Report;
 use super::snapshots::{Ids, Snapshot};
+use super::time::ms_fmt;
 
 /// What the earlier snapshots of one semaphore showed, in the current history.
 #[derive(Default)]

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use super::logs::Logs;
 use super::report::Report;
 use super::stale_belief::{Stale, class_of};
-use super::{ms, ms_fmt};
+use super::time::{ms, ms_fmt};
 
 /// Checks property 2, with `inv` from property 3.
 pub(super) fn check(logs: &Logs, inv: &[Stale], r: &mut Report) {

@@ -55,7 +55,7 @@ pub(super) fn check(s: &Snapshot, ids: &Ids, r: &mut Report) {
     if let Some(p) = problem {
         r.violation(
             "limit-in-redis",
-            format!("{} at {}: {p}", s.name, super::ms_fmt(s.now)),
+            format!("{} at {}: {p}", s.name, super::time::ms_fmt(s.now)),
         );
     }
 }

@@ -5,10 +5,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
+use redsem::internals;
 
-use super::overlaps;
+use super::time::overlaps;
 use crate::config::{Config, FaultKind, Timing};
 use crate::runner::FinalState;
 
@@ -503,7 +505,8 @@ impl Logs {
             } else if st.t0 <= stale {
                 first.get_or_insert((st.t0, st.t1));
                 let total = st.offset - before;
-                let margin = (t.lease / 10).min(1_000_000);
+                let margin =
+                    internals::margin(Duration::from_micros(t.lease as u64)).as_micros() as i64;
                 let renewal_lost = || {
                     overlaps(&self.cmd_faults(worker), from, stale)
                         || overlaps(&self.halts(worker), from, stale)

@@ -38,7 +38,9 @@
 //! The other files: `logs.rs` (the runner's and the workers' logs, parsed), `snapshots.rs`
 //! (a line of `snapshots.log` parsed: a semaphore's entries, their ids, the workers' excuses),
 //! `scan.rs` (the one pass over `snapshots.log` that feeds properties 1, 5, 6 and 10 and
-//! records what Redis held for each op), `report.rs` (the figures and the violations).
+//! records what Redis held for each op), `report.rs` (the figures and the violations),
+//! `time.rs` (times in ms, printed, and windows of them). This file only declares them and
+//! runs the properties: what they share lives in those files, so imports point one way.
 
 mod cleanup;
 mod fencing;
@@ -53,6 +55,7 @@ mod run_cancel;
 mod scan;
 mod snapshots;
 mod stale_belief;
+mod time;
 mod wait_while_free;
 
 use std::path::Path;
@@ -81,20 +84,4 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
     cleanup::check(&logs, &mut r);
     liveness::check(&logs, &mut r);
     Ok(r)
-}
-
-/// Microseconds as milliseconds.
-fn ms(us: i64) -> f64 {
-    us as f64 / 1000.0
-}
-
-/// A time of the logs (µs since the epoch) as seconds with six decimals: enough to find the
-/// line in the logs.
-fn ms_fmt(us: i64) -> String {
-    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
-}
-
-/// Whether `[a, b]` meets one of `windows`.
-fn overlaps(windows: &[(i64, i64)], a: i64, b: i64) -> bool {
-    windows.iter().any(|&(s, e)| s <= b && e >= a)
 }

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use super::logs::Logs;
 use super::report::Report;
 use super::snapshots::{Excuses, Ids, Snapshot};
-use super::{ms, ms_fmt, overlaps};
+use super::time::{ms, ms_fmt, overlaps};
 use crate::config::FaultKind;
 
 /// A dead worker's entry being tracked.
@@ -44,6 +44,24 @@ struct DeadEntry {
     /// It held slots (a holder, not a waiter).
     held: bool,
     reported: bool,
+}
+
+impl DeadEntry {
+    /// Entry `id` of worker `worker`, killed at `killed`, first seen dead at `now`.
+    fn new(sem: usize, worker: u32, id: u32, killed: i64, now: i64) -> DeadEntry {
+        DeadEntry {
+            sem,
+            worker,
+            id,
+            killed,
+            last_seen: now,
+            gone_at: None,
+            demand: false,
+            seen_expired: false,
+            held: false,
+            reported: false,
+        }
+    }
 }
 
 /// The entries of killed workers, followed through the snapshots.
@@ -106,6 +124,20 @@ impl Recovery {
         }
     }
 
+    /// The bound for the entries of killed worker `w` on semaphore `sem` at `now` (`None`:
+    /// `w` was not killed): a loss of the lease set since the kill gives an entry a lease
+    /// again.
+    fn deadline(&self, logs: &Logs, sem: usize, w: u32, now: i64) -> Option<i64> {
+        let t = logs.t;
+        let &deadline = self.deadline_of.get(&w)?;
+        let killed_at = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
+        let deadline = self.leases_lost[sem]
+            .iter()
+            .filter(|&&(at, _)| at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now)
+            .fold(deadline, |d, &(_, bound)| d.max(bound));
+        Some(deadline)
+    }
+
     /// Checks snapshot `s`.
     pub(super) fn observe(
         &mut self,
@@ -132,34 +164,18 @@ impl Recovery {
             let Some(w) = ids.worker(e.id) else {
                 continue;
             };
-            let Some(&deadline) = self.deadline_of.get(&w) else {
+            let Some(deadline) = self.deadline(logs, sem, w, now) else {
                 continue;
             };
-            // (a loss of the lease set since the kill gives the entry a lease again)
-            let killed_at = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
-            let deadline = self.leases_lost[sem]
-                .iter()
-                .filter(|&&(at, _)| {
-                    at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now
-                })
-                .fold(deadline, |d, &(_, bound)| d.max(bound));
             let killed = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
             if now < killed {
                 continue;
             }
             present_dead.insert(e.id);
-            let d = self.dead.entry(e.id).or_insert(DeadEntry {
-                sem,
-                worker: w,
-                id: e.id,
-                killed,
-                last_seen: now,
-                gone_at: None,
-                demand: false,
-                seen_expired: false,
-                held: false,
-                reported: false,
-            });
+            let d = self
+                .dead
+                .entry(e.id)
+                .or_insert_with(|| DeadEntry::new(sem, w, e.id, killed, now));
             d.last_seen = now;
             if e.exp_ms * 1000 > deadline {
                 if !d.reported {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::logs::Logs;
-use super::{ms, overlaps};
+use super::time::{ms, overlaps};
 
 /// One broken property, with the evidence.
 #[derive(Clone, Debug, Serialize)]

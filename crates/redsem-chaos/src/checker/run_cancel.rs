@@ -4,8 +4,8 @@
 //! property 3's bound (one renewal interval).
 
 use super::logs::Logs;
-use super::ms_fmt;
 use super::report::Report;
+use super::time::ms_fmt;
 
 /// Checks property 7.
 pub(super) fn check(logs: &Logs, r: &mut Report) {

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::logs::{Logs, num};
-use super::overlaps;
+use super::time::overlaps;
 use crate::runner::epoch_of;
 
 /// One entry (holder or waiter) of a semaphore in a snapshot.

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use super::logs::Logs;
 use super::report::Report;
 use super::snapshots::{Excuses, Ids, Snapshot};
-use super::{ms, ms_fmt, overlaps};
+use super::time::{ms, ms_fmt, overlaps};
 
 /// An episode: the head of a queue fits in the free permits.
 struct FreeEpisode {

@@ -28,132 +28,36 @@
 //! logged for the other properties). `X`: a write of an op the resource never registered.
 //!
 //! This file starts and stops everything and supervises the workers; `faults.rs` draws and
-//! injects the faults, `resource.rs` is the fenced resource, and `final_state.rs` reads what
-//! Redis holds at the end (`final.json`).
+//! injects the faults, `resource.rs` is the fenced resource, `final_state.rs` reads what
+//! Redis holds at the end (`final.json`), and `state.rs` holds what they share.
 
 mod faults;
 mod final_state;
 mod resource;
+mod state;
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use test_support::{FakeClock, FaultProxy, Flavor, Server, ServerOptions};
+use test_support::{FakeClock, Flavor, Server, ServerOptions};
 use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use final_state::FinalState;
+pub use state::epoch_of;
 
 use crate::config::{Config, FaultKind};
-use crate::events::Log;
 use crate::now_us;
 use crate::proxy::ClientProxy;
 use faults::schedule;
 use final_state::final_state;
-use resource::{ResourceState, Store, resource_server};
-
-/// The Redis incarnation that served a request sent at `from` and answered by `to`:
-/// the number of restarts that were over (`dead`) before `from`, or `None` when a restart
-/// (from its `start` to its `dead`) overlaps `[from, to]`. `restarts` is in start order,
-/// `dead = i64::MAX` while unknown.
-pub fn epoch_of(restarts: &[(i64, i64)], from: i64, to: i64) -> Option<u32> {
-    let mut epoch = 0;
-    for &(start, dead) in restarts {
-        if to < start {
-            break;
-        }
-        if from > dead {
-            epoch += 1;
-            continue;
-        }
-        return None;
-    }
-    Some(epoch)
-}
-
-/// The replica of the run's Redis (with `failover-replica`), and the link it replicates
-/// through (a proxy to the master the runner can black-hole and sever).
-struct Replica {
-    server: Server,
-    link: FaultProxy,
-}
-
-/// Makes `server` a replica of `master` through a fresh link; waits (up to 10 s) for the
-/// link to be up.
-fn attach_replica(server: &Server, master: std::net::SocketAddr) -> anyhow::Result<FaultProxy> {
-    let link = FaultProxy::start(master);
-    let port = link.addr().port().to_string();
-    server
-        .try_cmd(&["REPLICAOF", "127.0.0.1", &port])
-        .context("REPLICAOF")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info = server.try_cmd(&["INFO", "replication"]);
-        if let Ok(test_support::Reply::Bulk(text)) = &info
-            && text.contains("master_link_status:up")
-        {
-            return Ok(link);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the replica did not sync: {info:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[derive(Default)]
-struct WorkerState {
-    id: u32,
-    pid: u32,
-    paused: bool,
-    killing: bool,
-    /// op → (semaphore, holder id)
-    holding: BTreeMap<String, (usize, String)>,
-    waiting: HashSet<String>,
-}
-
-struct Shared {
-    cfg: Config,
-    dir: PathBuf,
-    log: Log,
-    restarts: Mutex<Vec<(i64, i64)>>,
-    slots: Mutex<Vec<Option<WorkerState>>>,
-    resource: Mutex<ResourceState>,
-    /// The `FencedStore`s that decide the writes, on their own Redis.
-    store: resource::Store,
-    respawn: AtomicBool,
-    next_worker: AtomicU32,
-    acquisitions: AtomicU64,
-    faults: AtomicU64,
-    /// An operator's redsem client, on a direct connection (for `force-release`).
-    operator: tokio::sync::Mutex<Option<redsem::Client>>,
-    /// A direct connection, to tell which Redis incarnation holds a grant whose acquire
-    /// overlapped a restart.
-    direct: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
-    /// How the runner reaches Redis (the server, or with a replica, an unfaulted proxy that
-    /// follows the failovers).
-    redis_url: String,
-    /// With `failover-replica`: the replica, and the proxy behind `redis_url`.
-    replica: Mutex<Option<Replica>>,
-    direct_proxy: Option<Arc<ClientProxy>>,
-    /// With `clock-step`: Redis's clock, and its offset from real time (ms).
-    clock: Option<FakeClock>,
-    clock_offset_ms: Mutex<i64>,
-}
-
-impl Shared {
-    fn with_worker<R>(&self, id: u32, f: impl FnOnce(&mut WorkerState) -> R) -> Option<R> {
-        let mut slots = self.slots.lock().unwrap();
-        slots.iter_mut().flatten().find(|w| w.id == id).map(f)
-    }
-}
+use resource::resource_server;
+use state::{Replica, Shared, Store, WorkerState, attach_replica, signal};
 
 /// Starts everything, runs the faults for `cfg.seconds`, stops the workers, records the
 /// state Redis is left in, and writes every log into `dir`.
@@ -165,6 +69,85 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         "valkey" => Flavor::Valkey,
         _ => Flavor::Redis,
     };
+    let redis = start_redis(cfg, flavor).await?;
+    let (redis_addr, redis_url) = (redis.server.addr(), redis.url.clone());
+    let server = Arc::new(Mutex::new(redis.server));
+    // the fenced resource's own Redis: no fault touches it
+    let store_server =
+        tokio::task::spawn_blocking(move || Server::start_with(flavor, ServerOptions::default()))
+            .await
+            .context("starting the store's server")?;
+    let store_client = redsem::Client::connect(&store_server.url())
+        .await
+        .context("connecting to the store's server")?;
+    let store = Store::new(&store_client, cfg.sems.len());
+    let shared = Arc::new(Shared::new(
+        cfg,
+        dir,
+        store,
+        redis.url,
+        redis.replica,
+        redis.direct_proxy,
+        redis.clock,
+    )?);
+    shared.log.line(&format!("phase {} start", now_us()));
+
+    let sock = dir.join("resource.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).context("binding resource.sock")?;
+    let resource_task = tokio::spawn(resource_server(listener, shared.clone()));
+
+    let snap_stop = CancellationToken::new();
+    let snap_task = {
+        let (url, cfg, path, stop) = (
+            redis_url.clone(),
+            cfg.clone(),
+            dir.join("snapshots.log"),
+            snap_stop.clone(),
+        );
+        tokio::spawn(async move { crate::snapshot::run(url, cfg, &path, stop).await })
+    };
+
+    let mut proxies = Vec::new();
+    for _ in 0..cfg.workers {
+        proxies.push(Arc::new(ClientProxy::start(redis_addr).await?));
+    }
+    let proxies = Arc::new(proxies);
+    let mut supervisors = JoinSet::new();
+    for slot in 0..cfg.workers as usize {
+        supervisors.spawn(supervise(shared.clone(), slot, proxies[slot].url()));
+    }
+
+    fault_phase(&shared, &proxies, &server).await;
+    stop_workers(&shared, supervisors).await;
+    let exited_at = now_us();
+    // the snapshots go on a little: the checker sees the last releases land
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    snap_stop.cancel();
+    let _ = snap_task.await;
+    drop(proxies);
+    resource_task.abort();
+    *shared.direct.lock().await = None;
+    *shared.operator.lock().await = None;
+    finish(cfg, dir, &shared, &redis_url, exited_at, server).await
+}
+
+/// The run's Redis, started.
+struct Redis {
+    server: Server,
+    /// With `failover-replica`: the replica, and the unfaulted proxy the runner reads Redis
+    /// through.
+    replica: Option<Replica>,
+    direct_proxy: Option<Arc<ClientProxy>>,
+    /// With `clock-step`: the clock of both.
+    clock: Option<FakeClock>,
+    /// How the runner reaches Redis: the server, or the proxy.
+    url: String,
+}
+
+/// Starts the run's Redis (`flavor`): with `failover-replica` a replica too, with
+/// `clock-step` both on a clock of their own.
+async fn start_redis(cfg: &Config, flavor: Flavor) -> anyhow::Result<Redis> {
     let with_replica = cfg.faults.contains(&FaultKind::FailoverReplica);
     let clock = if cfg.faults.contains(&FaultKind::ClockStep) {
         Some(FakeClock::new().context("clock-step needs libfaketime (scripts/install-deps.sh)")?)
@@ -194,79 +177,35 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     })
     .await
     .context("starting the server")??;
-    let redis_addr = server.addr();
     let direct_proxy = if with_replica {
-        Some(Arc::new(ClientProxy::start(redis_addr).await?))
+        Some(Arc::new(ClientProxy::start(server.addr()).await?))
     } else {
         None
     };
-    let redis_url = direct_proxy
+    let url = direct_proxy
         .as_ref()
         .map_or_else(|| server.url(), |p| p.url());
-    let server = Arc::new(Mutex::new(server));
-    // the fenced resource's own Redis: no fault touches it
-    let store_server =
-        tokio::task::spawn_blocking(move || Server::start_with(flavor, ServerOptions::default()))
-            .await
-            .context("starting the store's server")?;
-    let store_client = redsem::Client::connect(&store_server.url())
-        .await
-        .context("connecting to the store's server")?;
-
-    let shared = Arc::new(Shared {
-        cfg: cfg.clone(),
-        dir: dir.to_owned(),
-        log: Log::buffered(&dir.join("runner.log"))?,
-        restarts: Mutex::new(Vec::new()),
-        slots: Mutex::new((0..cfg.workers).map(|_| None).collect()),
-        resource: Mutex::new(ResourceState::default()),
-        store: Store::new(&store_client, cfg.sems.len()),
-        respawn: AtomicBool::new(true),
-        next_worker: AtomicU32::new(0),
-        acquisitions: AtomicU64::new(0),
-        faults: AtomicU64::new(0),
-        operator: tokio::sync::Mutex::new(None),
-        direct: tokio::sync::Mutex::new(None),
-        redis_url: redis_url.clone(),
-        replica: Mutex::new(replica),
+    Ok(Redis {
+        server,
+        replica,
         direct_proxy,
         clock,
-        clock_offset_ms: Mutex::new(0),
-    });
-    shared.log.line(&format!("phase {} start", now_us()));
+        url,
+    })
+}
 
-    let sock = dir.join("resource.sock");
-    let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock).context("binding resource.sock")?;
-    let resource_task = tokio::spawn(resource_server(listener, shared.clone()));
-
-    let snap_stop = CancellationToken::new();
-    let snap_task = {
-        let (url, cfg, path, stop) = (
-            redis_url.clone(),
-            cfg.clone(),
-            dir.join("snapshots.log"),
-            snap_stop.clone(),
-        );
-        tokio::spawn(async move { crate::snapshot::run(url, cfg, &path, stop).await })
-    };
-
-    let mut proxies = Vec::new();
-    for _ in 0..cfg.workers {
-        proxies.push(Arc::new(ClientProxy::start(redis_addr).await?));
-    }
-    let proxies = Arc::new(proxies);
-
-    let mut supervisors = JoinSet::new();
-    for slot in 0..cfg.workers as usize {
-        supervisors.spawn(supervise(shared.clone(), slot, proxies[slot].url()));
-    }
-
+/// The fault phase: faults for `cfg.seconds` (and a line of progress every 10 s), then every
+/// fault healed and a few calm seconds.
+async fn fault_phase(
+    shared: &Arc<Shared>,
+    proxies: &Arc<Vec<Arc<ClientProxy>>>,
+    server: &Arc<Mutex<Server>>,
+) {
     // let every worker connect before the first fault
     tokio::time::sleep(Duration::from_millis(1500)).await;
     shared.log.line(&format!("phase {} faults", now_us()));
     let started = Instant::now();
-    let until = started + Duration::from_secs(cfg.seconds);
+    let until = started + Duration::from_secs(shared.cfg.seconds);
     let stop_faults = CancellationToken::new();
     let scheduler = tokio::spawn(schedule(
         shared.clone(),
@@ -298,7 +237,11 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     shared.log.line(&format!("phase {} calm", now_us()));
     // a few seconds without faults: what the faults broke must heal
     tokio::time::sleep(Duration::from_secs(2)).await;
+}
 
+/// The stop phase: no more replacements, SIGTERM to every worker (SIGKILL after 20 s: it is
+/// reported as `hung`) until every supervisor is done.
+async fn stop_workers(shared: &Shared, mut supervisors: JoinSet<()>) {
     shared.respawn.store(false, Ordering::SeqCst);
     shared.log.line(&format!("phase {} stop", now_us()));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -324,23 +267,24 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
         }
     }
     shared.log.line(&format!("phase {} exited", now_us()));
-    let exited_at = now_us();
-    // the snapshots go on a little: the checker sees the last releases land
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    snap_stop.cancel();
-    let _ = snap_task.await;
-    drop(proxies);
-    resource_task.abort();
-    *shared.direct.lock().await = None;
-    *shared.operator.lock().await = None;
+}
 
-    let final_state = final_state(cfg, &redis_url, exited_at).await;
+/// Records the state Redis is left in (`final.json`), writes the runner's log out and stops
+/// the servers.
+async fn finish(
+    cfg: &Config,
+    dir: &Path,
+    shared: &Shared,
+    redis_url: &str,
+    exited_at: i64,
+    server: Arc<Mutex<Server>>,
+) -> anyhow::Result<()> {
+    let final_state = final_state(cfg, redis_url, exited_at).await;
     std::fs::write(
         dir.join("final.json"),
         serde_json::to_vec_pretty(&final_state)?,
     )?;
     shared.log.flush();
-    let server = server.clone();
     let replica = shared.replica.lock().unwrap().take();
     tokio::task::spawn_blocking(move || {
         server.lock().unwrap().stop();
@@ -348,16 +292,6 @@ pub async fn execute(cfg: &Config, dir: &Path) -> anyhow::Result<()> {
     })
     .await?;
     Ok(())
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    if pid > 0 {
-        // SAFETY: kill(2) has no memory-safety preconditions. The pid is a worker of ours,
-        // taken from the slot table, which its supervisor clears right after reaping it: in
-        // that instant the pid could only reach another process if Linux recycled it at
-        // once, which its sequential allocation (up to pid_max) does not do.
-        unsafe { libc::kill(pid as libc::pid_t, sig) };
-    }
 }
 
 /// Runs worker processes in one slot, replacing each one that dies, until the stop phase.

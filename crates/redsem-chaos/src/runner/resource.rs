@@ -1,13 +1,14 @@
 //! The fenced resource: the workers register their grants (`A`), their waits (`B`) and
 //! their ends (`E`) with it, and send it their writes (`W`) with their fencing token, over
-//! `resource.sock`. Each write is decided by the shipped [`FencedStore`] (`fence.lua`) on a
-//! Redis of its own that no fault touches: accepted when its generation is the highest the
-//! store has seen for the slot (or equal), rejected otherwise — generations alone, whatever
-//! Redis incarnation granted them. It logs every grant (`hold`, with the incarnation for the
-//! other properties) and every decision (`write`) in `runner.log`, under one lock held across
-//! the store's call, so the log order is the decision order.
+//! `resource.sock`. Each write is decided by the shipped
+//! [`FencedStore`](redsem::fencing::FencedStore) (`fence.lua`) on a Redis of its own that no
+//! fault touches: accepted when its generation is the highest the store has seen for the slot
+//! (or equal), rejected otherwise — generations alone, whatever Redis incarnation granted
+//! them. It logs every grant (`hold`, with the incarnation for the other properties) and every
+//! decision (`write`) in `runner.log`, under one lock held across the store's call, so the log
+//! order is the decision order. Its registrations and stores are in `state.rs`
+//! (`ResourceState`, `Store`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -16,36 +17,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use redsem::Fence;
-use redsem::fencing::FencedStore;
 
-use super::{Shared, epoch_of};
+use super::state::{Shared, epoch_of};
 use crate::now_us;
-
-#[derive(Default)]
-pub(super) struct ResourceState {
-    /// op → (semaphore, epoch of its grant)
-    pub(super) ops: HashMap<String, (usize, Option<u32>)>,
-}
-
-/// The store that decides the writes, one fence record per semaphore, and the lock that
-/// orders decisions and their log lines.
-pub(super) struct Store {
-    pub(super) stores: Vec<FencedStore>,
-    pub(super) order: tokio::sync::Mutex<()>,
-}
-
-impl Store {
-    /// Fence records `chaos:{sem<i>}:fences` (written value `chaos:{sem<i>}:value`) on the
-    /// store's own Redis.
-    pub(super) fn new(client: &redsem::Client, sems: usize) -> Store {
-        Store {
-            stores: (0..sems)
-                .map(|i| FencedStore::new(client, format!("chaos:{{sem{i}}}:fences")))
-                .collect(),
-            order: tokio::sync::Mutex::new(()),
-        }
-    }
-}
 
 /// Serves the workers' connections to the resource on `listener`.
 pub(super) async fn resource_server(listener: UnixListener, shared: Arc<Shared>) {
@@ -163,11 +137,11 @@ async fn incarnation_holding(shared: &Shared, sem: usize, holder: &str) -> Optio
         *guard = Some(conn);
     }
     let conn = guard.as_mut()?;
-    let [_, _, _, key, ..] = shared.cfg.keys(&shared.cfg.sems.get(sem)?.name).ok()?;
+    let keys = shared.cfg.keys(&shared.cfg.sems.get(sem)?.name).ok()?;
     let found = tokio::time::timeout(
         Duration::from_secs(2),
         redis::cmd("HEXISTS")
-            .arg(&key)
+            .arg(&keys.meta)
             .arg(holder)
             .query_async::<i64>(conn),
     )

@@ -228,7 +228,7 @@ impl Backend {
 
     /// Connects the command connection.
     pub(crate) async fn connect(&self, stop: &CancellationToken) -> Result<Conn, Error> {
-        let map = |e: RedisError| Error::from_redis(e, "");
+        let map = |e: RedisError| Error::from_server(e);
         Ok(match &self.topology {
             Topology::Standalone(info) => {
                 let client = client_for(info.clone(), &self.certs).map_err(map)?;
@@ -263,7 +263,7 @@ impl Backend {
         conn: &Conn,
         tx: mpsc::UnboundedSender<PushInfo>,
     ) -> Result<SubConn, Error> {
-        let map = |e: RedisError| Error::from_redis(e, "");
+        let map = |e: RedisError| Error::from_server(e);
         Ok(match &self.topology {
             Topology::Cluster(nodes) => {
                 let nodes: Vec<ConnectionInfo> = nodes.iter().map(resp3).collect();

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::tls::{Certs, client_for};
 use super::url::{SentinelSpec, addr_of, resp3};
+use crate::backoff::Backoff;
 use crate::error::Error;
 
 /// How often a Sentinel client asks the sentinels which node is master, besides the
@@ -76,14 +77,11 @@ impl Sentinel {
             wake: Notify::new(),
             preferred: AtomicUsize::new(0),
         };
-        let (host, port) = probe
-            .lookup(&mut link)
-            .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+        let (host, port) = probe.lookup(&mut link).await.map_err(Error::from_server)?;
         let conn = probe
             .connect_master(&host, port)
             .await
-            .map_err(|e| Error::from_redis(e, ""))?;
+            .map_err(Error::from_server)?;
         tracing::info!(master = %probe.spec.master_name, host, port, "sentinel: connected to the master");
         *probe.current.write().unwrap() = Master {
             generation: 1,
@@ -266,7 +264,7 @@ impl Sentinel {
     /// Looks until the current master answers, or the sentinels name another one that does
     /// (then swaps it in).
     async fn refresh(&self, link: &mut Link, stop: &CancellationToken) {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             let current = self.current();
             match self.lookup(link).await {
@@ -307,9 +305,8 @@ impl Sentinel {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
 }
@@ -322,10 +319,9 @@ struct Link {
 
 /// A lazy manager that never connects (for the moment before the first master is known).
 fn placeholder_manager() -> Result<ConnectionManager, Error> {
-    let client =
-        redis::Client::open("redis://127.0.0.1:1/").map_err(|e| Error::from_redis(e, ""))?;
+    let client = redis::Client::open("redis://127.0.0.1:1/").map_err(Error::from_server)?;
     ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-        .map_err(|e| Error::from_redis(e, ""))
+        .map_err(Error::from_server)
 }
 
 /// The follower task: checks the master when asked (errors, `+switch-master`) and every few
@@ -348,7 +344,7 @@ async fn follow(weak: Weak<Sentinel>, mut link: Link, stop: CancellationToken) {
 /// Listens for `+switch-master` on one sentinel at a time, and wakes the follower.
 async fn listen_switch_master(weak: Weak<Sentinel>, stop: CancellationToken) {
     let mut i = 0usize;
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let Some(s) = weak.upgrade() else { return };
         let n = s.spec.sentinels.len();
@@ -367,7 +363,7 @@ async fn listen_switch_master(weak: Weak<Sentinel>, stop: CancellationToken) {
         if let Some(mut pubsub) = pubsub
             && pubsub.subscribe("+switch-master").await.is_ok()
         {
-            delay = Duration::from_millis(200);
+            backoff.reset();
             let mut messages = pubsub.on_message();
             loop {
                 tokio::select! {
@@ -392,9 +388,8 @@ async fn listen_switch_master(weak: Weak<Sentinel>, stop: CancellationToken) {
         i += 1;
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 

@@ -75,7 +75,6 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         .map(|f| format!("#{f}"))
         .unwrap_or_default();
     let q = Query::parse(url, &scheme, &bad)?;
-    let (sentinel_user, sentinel_pass) = (q.sentinel_username.clone(), q.sentinel_password.clone());
     // redis-rs reads `protocol`; the credentials are set from `q`
     let query = match &q.protocol {
         Some(p) => format!("?protocol={p}"),
@@ -94,6 +93,23 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(Topology::Cluster(nodes));
     }
+    sentinel_topology((path, creds), &hosts, &q, &node, &bad, base == "rediss")
+}
+
+/// The node URL builder of [`parse_url`]: a host, credentials and a path into connection info.
+type NodeOf<'a> = dyn Fn(&str, &str, &str) -> Result<ConnectionInfo, Error> + 'a;
+
+/// A Sentinel URL's topology: `path` is `/master-name[/db]`, `creds` the data nodes'
+/// credentials, `hosts` the sentinels (port 26379 when none is given).
+fn sentinel_topology(
+    (path, creds): (&str, &str),
+    hosts: &[&str],
+    q: &Query,
+    node: &NodeOf<'_>,
+    bad: &dyn Fn(String) -> Error,
+    tls: bool,
+) -> Result<Topology, Error> {
+    let (sentinel_user, sentinel_pass) = (&q.sentinel_username, &q.sentinel_password);
     // sentinel: /master-name[/db]
     let mut parts = path.trim_start_matches('/').split('/');
     let master_name = parts.next().unwrap_or_default().to_owned();
@@ -107,7 +123,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         _ => String::new(),
     };
     let data = q
-        .apply(node("127.0.0.1:6379", creds, &db)?, &bad)?
+        .apply(node("127.0.0.1:6379", creds, &db)?, bad)?
         .redis_settings()
         .clone();
     let sentinels = hosts
@@ -122,10 +138,10 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
             };
             let info = node(&h, "", "")?;
             let mut settings = info.redis_settings().clone().set_db(0);
-            if let Some(u) = &sentinel_user {
+            if let Some(u) = sentinel_user {
                 settings = settings.set_username(u);
             }
-            if let Some(p) = &sentinel_pass {
+            if let Some(p) = sentinel_pass {
                 settings = settings.set_password(p);
             }
             Ok(info.set_redis_settings(settings))
@@ -135,7 +151,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Topology, Error> {
         sentinels,
         master_name,
         data,
-        tls: base == "rediss",
+        tls,
     }))
 }
 

@@ -27,10 +27,11 @@ use tracing::Instrument;
 use super::batch::{self, Custom};
 use super::handle::Handle;
 use super::held::Held;
-use super::lease::{LeaseState, deadline_after};
-use super::table::{Outcome, Queued, Waiter};
+use super::signal::LossSignal;
+use super::table::{LeaseUse, Resolver};
+use crate::core::{LeaseClock, Outcome, Queued, deadline_after};
 use crate::error::{BackendError, Error, NoPermitsReason};
-use crate::protocol::AcquireReply;
+use crate::protocol::{AcquireReply, Grant};
 
 /// What one acquisition asks for (validated by the public layer).
 pub(crate) struct Ask {
@@ -105,30 +106,13 @@ impl Handle {
     }
 
     async fn acquire_untraced(self: &Arc<Self>, ask: Ask) -> Result<Held, Error> {
+        self.check_ask(&ask)?;
         let Ask {
             n,
             try_only,
             timeout,
             custom,
         } = ask;
-        if n == 0 {
-            return Err(Error::InvalidArgument(
-                "cannot acquire 0 permits: ask for at least one".into(),
-            ));
-        }
-        if self.closed.is_cancelled() {
-            return Err(Error::closed(self.name()));
-        }
-        // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
-        // the stored limit, which another process may have raised since this handle last
-        // saw it (the reply of a refused request carries the current limit).
-        if n > crate::protocol::keys::MAX_LIMIT {
-            return Err(Error::TooManyPermits {
-                name: self.name().to_owned(),
-                requested: n,
-                limit: self.limit(),
-            });
-        }
         // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
         // future stays small (one per waiting task; see the benchmark's `memory` scenario).
         let mut deadline = timeout.map(|timeout| Deadline {
@@ -139,11 +123,73 @@ impl Handle {
             .as_ref()
             .and_then(|c| c.lease)
             .unwrap_or(self.timing.lease);
-        let priority = custom.as_ref().map_or(0, |c| c.priority);
         // its session is renewed from now on, and by the permit once granted
         let lease_use =
             (holder_lease != self.timing.lease).then(|| self.table.use_lease(holder_lease));
-        let local = match &self.local_cap {
+        let local = self.take_local_cap(n, try_only, deadline.as_mut()).await?;
+        let mut granted = Granted {
+            n,
+            holder_lease,
+            custom,
+            local,
+            lease_use,
+        };
+        loop {
+            let mut pending = Pending::new(self, try_only)?;
+            tracing::Span::current().record("holder", &*pending.id);
+            // Boxed like the local cap: only the wait below lives as long as the queue.
+            let step =
+                Box::pin(self.request(&mut pending, &mut granted, deadline.as_mut())).await?;
+            if let Some(done) = step {
+                return done;
+            }
+            let rx = pending
+                .rx
+                .as_mut()
+                .expect("a waiting acquire has a receiver");
+            // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
+            // the token here.
+            let outcome = tokio::select! {
+                o = rx => o,
+                e = timed_out(deadline.as_mut(), self.name()) => return Err(e),
+            };
+            if let Some(done) = self.on_outcome(&mut pending, outcome, &mut granted) {
+                return done;
+            }
+        }
+    }
+
+    /// The checks that cost nothing: `n`, the closed flag, a request no limit can satisfy.
+    fn check_ask(&self, ask: &Ask) -> Result<(), Error> {
+        if ask.n == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot acquire 0 permits: ask for at least one".into(),
+            ));
+        }
+        if self.closed.is_cancelled() {
+            return Err(Error::closed(self.name()));
+        }
+        // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
+        // the stored limit, which another process may have raised since this handle last
+        // saw it (the reply of a refused request carries the current limit).
+        if ask.n > crate::protocol::keys::MAX_LIMIT {
+            return Err(Error::TooManyPermits {
+                name: self.name().to_owned(),
+                requested: ask.n,
+                limit: self.limit(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes `n` permits of this process's local cap, if the handle has one.
+    async fn take_local_cap(
+        &self,
+        n: u32,
+        try_only: bool,
+        deadline: Option<&mut Deadline>,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Error> {
+        Ok(match &self.local_cap {
             None => None,
             Some((cap, _)) if n > *cap => {
                 return Err(Error::InvalidArgument(format!(
@@ -156,148 +202,159 @@ impl Handle {
                     .map_err(|_| Error::no_permits(self.name(), NoPermitsReason::LocalCap))?,
             ),
             // boxed: its state is not carried by every acquire future
-            Some((_, sem)) => Some(Box::pin(self.local_permit(sem, n, deadline.as_mut())).await?),
-        };
-        loop {
-            let mut pending = Pending::new(self, try_only)?;
-            tracing::Span::current().record("holder", &*pending.id);
-            // Scoped, and the call boxed like the local cap: only the wait below lives as
-            // long as the queue.
-            {
-                // before the request can reach Redis: the lease of a try-mode grant starts later
-                let sent = Instant::now();
-                let reply = Box::pin(self.send_request(
-                    &pending.id,
-                    n,
-                    try_only,
-                    custom.clone(),
-                    deadline.as_mut(),
-                ))
-                .await?;
-                match reply {
-                    AcquireReply::Granted(grant) if try_only => {
-                        if deadline_after(sent, holder_lease) <= Instant::now() {
-                            // the reply came too late to trust the grant: give it back
-                            let id = pending.disarm();
-                            self.table.release_in_background(id);
-                            return Err(Error::Unreachable(BackendError::timed_out(format!(
-                                "the grant of semaphore {:?} came back after its lease could have ended",
-                                self.name()
-                            ))));
-                        }
-                        let lease =
-                            Arc::new(LeaseState::new(sent, holder_lease, self.timing.renew_every));
-                        self.table
-                            .lock()
-                            .holders
-                            .insert(pending.id.to_string(), lease.clone());
-                        self.table.poke.notify_one();
-                        let id = pending.disarm();
-                        return Ok(
-                            Held::new(self.clone(), id, n, *grant, lease, local, lease_use)
-                                .with_max_hold(custom.as_ref().and_then(|c| c.max_hold)),
-                        );
-                    }
-                    AcquireReply::Granted(grant) => {
-                        self.table.deliver(&pending.id, Outcome::Granted(grant))
-                    }
-                    AcquireReply::Queued {
-                        ticket,
-                        next_expiry_ms,
-                    } => {
-                        tracing::Span::current().record("ticket", ticket);
-                        tracing::debug!(ticket, "waiting in the queue");
-                        self.table
-                            .lock()
-                            .waiter_queued(&pending.id, Queued { ticket, priority });
-                        self.heartbeat.lease_expires_in(next_expiry_ms)
-                    }
-                    AcquireReply::NoCapacity { queued_first } => {
-                        pending.disarm();
-                        let reason = if queued_first {
-                            NoPermitsReason::QueuedFirst
-                        } else {
-                            NoPermitsReason::NoneFree
-                        };
-                        return Err(Error::no_permits(self.name(), reason));
-                    }
-                    AcquireReply::TooMany { limit } => {
-                        pending.disarm();
-                        self.remote.set_limit(limit);
-                        return Err(Error::TooManyPermits {
-                            name: self.name().to_owned(),
-                            requested: n,
-                            limit,
-                        });
-                    }
-                }
+            Some((_, sem)) => Some(Box::pin(self.local_permit(sem, n, deadline)).await?),
+        })
+    }
+
+    /// Sends the request of `pending` and acts on the script's reply: `Some` when the
+    /// acquisition is over (granted at once, refused), `None` when it waits in the queue.
+    async fn request(
+        self: &Arc<Self>,
+        pending: &mut Pending<'_>,
+        granted: &mut Granted,
+        deadline: Option<&mut Deadline>,
+    ) -> Result<Option<Result<Held, Error>>, Error> {
+        let n = granted.n;
+        let try_only = pending.rx.is_none();
+        // before the request can reach Redis: the lease of a try-mode grant starts later
+        let sent = Instant::now();
+        let custom = granted.custom.clone();
+        let reply = self
+            .send_request(&pending.id, n, try_only, custom, deadline)
+            .await?;
+        Ok(match reply {
+            AcquireReply::Granted(grant) if try_only => {
+                Some(self.granted_at_once(pending, *grant, sent, granted))
             }
-            let rx = pending
-                .rx
-                .as_mut()
-                .expect("a waiting acquire has a receiver");
-            // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
-            // the token here.
-            let outcome = tokio::select! {
-                o = rx => o,
-                e = timed_out(deadline.as_mut(), self.name()) => return Err(e),
-            };
-            match outcome {
-                Ok(Outcome::Granted(grant)) => {
-                    let id = pending.disarm();
-                    // The lease the table created for the new holder: gone if the heartbeat
-                    // declared it lost meanwhile.
-                    let lease = self.table.lock().holders.get(&id).cloned();
-                    // A grant keeps the waiter's lease; the holder's own length counts from
-                    // the first renewal sent after the grant (the table made the lease with
-                    // the waiter's length; renewals since then may have used either).
-                    if let Some(lease) = &lease {
-                        lease.set_len(holder_lease, Instant::now());
-                    }
-                    // One that arrives after that lease could have run out (its notification
-                    // or reply held up) may no longer be ours in Redis: give it back and
-                    // queue again, at the back.
-                    let lease = match lease {
-                        Some(lease) if !lease.is_lost() && !lease.may_have_ended() => lease,
-                        _ => {
-                            tracing::info!(semaphore = %self.name(), "grant arrived too late to be trusted; queueing again");
-                            self.table.forget_holder(&id);
-                            self.table.release_in_background(id);
-                            continue;
-                        }
-                    };
-                    return Ok(
-                        Held::new(self.clone(), id, n, *grant, lease, local, lease_use)
-                            .with_max_hold(custom.as_ref().and_then(|c| c.max_hold)),
-                    );
-                }
-                // The limit shrank below the request, and Redis removed it: ask again, and
-                // Redis answers with the limit as it is now (or queues it at the back, if
-                // the limit grew back meanwhile).
-                Ok(Outcome::Rejected) => {
-                    tracing::info!(semaphore = %self.name(), "rejected after a shrink of the limit; asking again");
-                    pending.disarm();
-                    continue;
-                }
-                // An operator removed it from the queue (its entry is gone in Redis).
-                Ok(Outcome::Removed) => {
-                    pending.disarm();
-                    return Err(Error::RemovedFromQueue {
-                        name: self.name().to_owned(),
-                    });
-                }
-                // armed: dropping `pending` removes the entry from Redis
-                Ok(Outcome::Closed) => return Err(Error::closed(self.name())),
-                Ok(Outcome::Refused(detail)) => return Err(Error::NoPermission(detail)),
-                // The ticket vanished (paused past its lease, or Redis lost its data):
-                // queue again, at the back.
-                Ok(Outcome::Lost) | Err(_) => {
-                    tracing::info!(semaphore = %self.name(), "ticket lost while waiting; queueing again");
-                    pending.disarm();
-                    continue;
-                }
+            AcquireReply::Granted(grant) => {
+                self.table.deliver(&pending.id, Outcome::Granted(grant));
+                None
             }
+            AcquireReply::Queued {
+                ticket,
+                next_expiry_ms,
+            } => {
+                tracing::Span::current().record("ticket", ticket);
+                tracing::debug!(ticket, "waiting in the queue");
+                let priority = granted.custom.as_ref().map_or(0, |c| c.priority);
+                let queued = Queued { ticket, priority };
+                self.table.lock().waiter_queued(&pending.id, queued);
+                self.heartbeat.lease_expires_in(next_expiry_ms);
+                None
+            }
+            AcquireReply::NoCapacity { queued_first } => {
+                pending.disarm();
+                let reason = if queued_first {
+                    NoPermitsReason::QueuedFirst
+                } else {
+                    NoPermitsReason::NoneFree
+                };
+                Some(Err(Error::no_permits(self.name(), reason)))
+            }
+            AcquireReply::TooMany { limit } => {
+                pending.disarm();
+                self.remote.set_limit(limit);
+                Some(Err(Error::TooManyPermits {
+                    name: self.name().to_owned(),
+                    requested: n,
+                    limit,
+                }))
+            }
+        })
+    }
+
+    /// A try-mode request granted in the reply to a call sent at `sent`: the permit, unless
+    /// the reply came too late to trust the grant (then it is given back).
+    fn granted_at_once(
+        self: &Arc<Self>,
+        pending: &mut Pending<'_>,
+        grant: Grant,
+        sent: Instant,
+        granted: &mut Granted,
+    ) -> Result<Held, Error> {
+        let now = Instant::now();
+        if deadline_after(sent, granted.holder_lease) <= now {
+            // the reply came too late to trust the grant: give it back
+            let id = pending.disarm();
+            self.table.release_in_background(id);
+            return Err(Error::Unreachable(BackendError::timed_out(format!(
+                "the grant of semaphore {:?} came back after its lease could have ended",
+                self.name()
+            ))));
         }
+        let clock = LeaseClock::new(sent, now, granted.holder_lease, self.timing.renew_every);
+        let signal = Arc::new(LossSignal::new());
+        let id = pending.disarm();
+        self.table
+            .lock()
+            .insert_holder(id.clone(), clock, signal.clone());
+        self.table.poke.notify_one();
+        Ok(granted.held(self, id, grant, signal))
+    }
+
+    /// A queued request was resolved with `outcome`: `Some` when the acquisition is over,
+    /// `None` when it asks again.
+    fn on_outcome(
+        self: &Arc<Self>,
+        pending: &mut Pending<'_>,
+        outcome: Result<Outcome, oneshot::error::RecvError>,
+        granted: &mut Granted,
+    ) -> Option<Result<Held, Error>> {
+        let done = match outcome {
+            Ok(Outcome::Granted(grant)) => {
+                let id = pending.disarm();
+                let signal = self.trusted_grant(&id, granted.holder_lease)?;
+                Ok(granted.held(self, id, *grant, signal))
+            }
+            // The limit shrank below the request, and Redis removed it: ask again, and
+            // Redis answers with the limit as it is now (or queues it at the back, if
+            // the limit grew back meanwhile).
+            Ok(Outcome::Rejected) => {
+                tracing::info!(semaphore = %self.name(), "rejected after a shrink of the limit; asking again");
+                pending.disarm();
+                return None;
+            }
+            // An operator removed it from the queue (its entry is gone in Redis).
+            Ok(Outcome::Removed) => {
+                pending.disarm();
+                Err(Error::RemovedFromQueue {
+                    name: self.name().to_owned(),
+                })
+            }
+            // armed: dropping `pending` removes the entry from Redis
+            Ok(Outcome::Closed) => Err(Error::closed(self.name())),
+            Ok(Outcome::Refused(detail)) => Err(Error::NoPermission(detail)),
+            // The ticket vanished (paused past its lease, or Redis lost its data):
+            // queue again, at the back.
+            Ok(Outcome::Lost) | Err(_) => {
+                tracing::info!(semaphore = %self.name(), "ticket lost while waiting; queueing again");
+                pending.disarm();
+                return None;
+            }
+        };
+        Some(done)
+    }
+
+    /// The holder `id` the state made of a granted waiter, if its grant can be trusted: its
+    /// loss signal. A grant keeps the waiter's lease; the holder's own length counts from
+    /// the first renewal sent after the grant (the state made the lease with the waiter's
+    /// length; renewals since then may have used either). One that arrives after that lease
+    /// could have run out (its notification or reply held up) may no longer be ours in
+    /// Redis, nor one the heartbeat declared lost meanwhile: it is given back (`None`), and
+    /// the request queues again, at the back.
+    fn trusted_grant(&self, id: &str, holder_lease: Duration) -> Option<Arc<LossSignal>> {
+        let now = Instant::now();
+        let signal = self.table.lock().holder_mut(id).and_then(|h| {
+            h.clock.set_len(holder_lease, now);
+            let trusted = !h.signal.is_lost() && !h.clock.may_have_ended(now);
+            trusted.then(|| h.signal.clone())
+        });
+        if signal.is_none() {
+            tracing::info!(semaphore = %self.name(), "grant arrived too late to be trusted; queueing again");
+            self.table.forget_holder(id);
+            self.table.release_in_background(id.to_owned());
+        }
+        signal
     }
 
     /// Waits for `n` permits of this process's local cap.
@@ -347,6 +404,32 @@ impl Handle {
     }
 }
 
+/// What a grant turns into a permit: the request, and what it holds while it waits (the
+/// local cap's permits, the use of its lease length).
+struct Granted {
+    n: u32,
+    holder_lease: Duration,
+    custom: Option<Arc<Custom>>,
+    local: Option<tokio::sync::OwnedSemaphorePermit>,
+    lease_use: Option<LeaseUse>,
+}
+
+impl Granted {
+    /// The permit of the holder `id` with `grant` (once: what it holds moves into it).
+    fn held(
+        &mut self,
+        handle: &Arc<Handle>,
+        id: String,
+        grant: Grant,
+        signal: Arc<LossSignal>,
+    ) -> Held {
+        let (local, lease_use) = (self.local.take(), self.lease_use.take());
+        let max_hold = self.custom.as_ref().and_then(|c| c.max_hold);
+        Held::new(handle.clone(), id, self.n, grant, signal, local, lease_use)
+            .with_max_hold(max_hold)
+    }
+}
+
 /// The deadline of an acquire with a timeout: its timer (on the heap) and the timeout it
 /// reports.
 struct Deadline {
@@ -393,14 +476,7 @@ impl<'a> Pending<'a> {
             if shared.closed.is_cancelled() {
                 return Err(Error::closed(shared.name()));
             }
-            if st.waiters.is_empty() {
-                shared.heartbeat.first_waiter();
-            }
-            st.add_waiter(
-                id.clone(),
-                Waiter::new(tx, shared.name()),
-                shared.timing.renew_every,
-            );
+            st.add_waiter(id.clone(), Resolver::new(tx, shared.name()), Instant::now());
             drop(st);
             shared.table.poke.notify_one();
             Some(rx)
@@ -426,10 +502,10 @@ impl Drop for Pending<'_> {
         }
         {
             let mut st = self.shared.table.lock();
-            if st.waiters.remove(&self.id).is_none() {
+            if st.remove_waiter(&self.id).is_none() {
                 // resolved meanwhile: a grant sits in the channel, nobody will take it
                 if let Some(Ok(Outcome::Granted(..))) = self.rx.as_mut().map(|rx| rx.try_recv()) {
-                    st.holders.remove(&*self.id);
+                    st.remove_holder(&self.id);
                 }
             }
         }

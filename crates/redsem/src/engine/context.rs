@@ -95,7 +95,8 @@ impl Context {
         let releaser = Releaser::spawn(conn.clone(), notifier.clone());
         let renewer = Renewer::spawn(conn.clone());
         Notifier::spawn_router(&notifier, pushes, stop.clone());
-        let id = uuid::Uuid::new_v4().simple().to_string()[..16].to_owned();
+        // 64 random bits (fastrand's generator is seeded from the OS per thread)
+        let id = format!("{:016x}", fastrand::u64(..));
         Ok(Context {
             id,
             prefix: s.prefix,

@@ -11,13 +11,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, RequestSettings};
+use super::combine::ReleaseCombiner;
 use super::context::{Context, Member};
 use super::heartbeat::Heartbeat;
-use super::lease::Timing;
 use super::notifier::Listener;
 use super::releaser::Job;
 use super::remote::Remote;
-use super::table::{Outcome, Table};
+use super::table::Table;
+use crate::core::Outcome;
+use crate::core::Timing;
 use crate::error::{Error, LostReason};
 use crate::protocol::keys::Keys;
 use crate::protocol::{self, Notice};
@@ -29,7 +31,7 @@ pub(crate) struct Handle {
     /// Acquisitions go through the batching task (see batch.rs).
     pub(super) batch: mpsc::UnboundedSender<batch::Request>,
     /// In-place releases, combined (see batch.rs).
-    pub(super) releases: Arc<batch::Releases<protocol::Conn>>,
+    pub(super) releases: Arc<ReleaseCombiner<protocol::Conn>>,
     pub(crate) remote: Arc<Remote>,
     pub(crate) timing: Timing,
     /// This handle's channel id (it also starts the ids of its holders and waiters).
@@ -74,19 +76,18 @@ impl Member for Handle {
     fn shut_down(&self) {
         let (waiters, holders) = {
             let mut st = self.table.lock();
-            let waiters: Vec<String> = st.waiters.keys().map(|id| id.to_string()).collect();
-            (waiters, std::mem::take(&mut st.holders))
+            (st.waiter_ids(), st.take_holders())
         };
         self.close();
-        for (id, lease) in holders {
+        for (id, holder) in holders {
             tracing::info!(semaphore = %self.name(), holder = %id, "client shut down: permit released");
             crate::metrics::lease_lost(self.name(), LostReason::Shutdown);
-            lease.lose(LostReason::Shutdown);
+            holder.signal.lose(LostReason::Shutdown);
             self.table.release_in_background(id);
         }
         // their pending acquires release them too, but maybe after the releaser stopped
         for id in waiters {
-            self.table.release_in_background(id);
+            self.table.release_in_background(id.to_string());
         }
         self.heartbeat.stop();
         self.table.end_sessions();
@@ -127,6 +128,17 @@ impl Handle {
     /// it, with [`OtherLimit::Adopt`]), and starts the heartbeat.
     pub(crate) async fn open(ctx: Arc<Context>, s: OpenSettings) -> Result<Arc<Handle>, Error> {
         let keys = Keys::new(&ctx.prefix, &s.name)?;
+        let handle = Self::build(&ctx, keys, &s);
+        // From here on, dropping `handle` unsubscribes (see Drop).
+        let member: std::sync::Weak<Handle> = Arc::downgrade(&handle);
+        ctx.join(member, &s.name)?;
+        handle.open_in_redis(&s).await?;
+        handle.heartbeat.start();
+        Ok(handle)
+    }
+
+    /// The handle and its tasks (batching; the heartbeat, not started yet).
+    fn build(ctx: &Arc<Context>, keys: Keys, s: &OpenSettings) -> Arc<Handle> {
         let channel_id = ctx.new_channel_id();
         let channel = keys.channel(&channel_id);
         let remote = Arc::new(Remote::new(keys, s.limit, ctx.publish));
@@ -141,57 +153,60 @@ impl Handle {
                 lease_ms,
                 wait_lease_ms: lease_ms,
                 channel_id: channel_id.clone(),
-                label: s.label,
+                label: s.label.clone(),
             },
         );
-        let releases = batch::Releases::new(remote.clone(), ctx.conn.clone());
+        let releases = ReleaseCombiner::new(remote.clone(), ctx.conn.clone());
         let table = Arc::new(Table::new(
             remote.clone(),
             ctx.releaser.clone(),
-            s.timing.lease,
+            (s.timing.clone(), ctx.renewer.grid()),
             channel_id.clone(),
         ));
         let heartbeat = Heartbeat::new(
             table.clone(),
             remote.clone(),
-            s.timing.clone(),
             (ctx.renewer.clone(), ctx.conn.clone()),
             ctx.response_timeout,
             ctx.synced,
         );
-        let handle = Arc::new(Handle {
+        let local_cap = s
+            .local_cap
+            .map(|n| (n, Arc::new(tokio::sync::Semaphore::new(n as usize))));
+        Arc::new(Handle {
             ctx: ctx.clone(),
             batch,
             releases,
             remote,
-            timing: s.timing,
+            timing: s.timing.clone(),
             channel_id,
-            channel: channel.clone(),
+            channel,
             table,
             heartbeat,
             closed,
-            local_cap: s
-                .local_cap
-                .map(|n| (n, Arc::new(tokio::sync::Semaphore::new(n as usize)))),
-        });
-        // From here on, dropping `handle` unsubscribes (see Drop).
-        let member: std::sync::Weak<Handle> = Arc::downgrade(&handle);
-        ctx.join(member, &s.name)?;
-        let listener: std::sync::Weak<Handle> = Arc::downgrade(&handle);
-        // The subscription and open.lua at once: one round trip's wait. Both are done before
-        // the handle can acquire, and open.lua grants nothing to a handle that has no waiter.
-        // open.lua checks the maxmemory-policy before it writes anything.
-        let mut conn = ctx.conn.clone();
-        let target = handle.remote.target();
+            local_cap,
+        })
+    }
+
+    /// Subscribes to the handle's channel and runs `open.lua` at once (one round trip's wait;
+    /// both are done before the handle can acquire, and open.lua grants nothing to a handle
+    /// that has no waiter): creates the semaphore if it does not exist (with `s.create`),
+    /// refuses an `allkeys-*` maxmemory-policy before it writes anything (unless allowed) and a
+    /// key with a TTL under a `volatile-*` one, and checks the stored limit against the one
+    /// asked for (or adopts it, with [`OtherLimit::Adopt`]).
+    async fn open_in_redis(self: &Arc<Self>, s: &OpenSettings) -> Result<(), Error> {
+        let listener: std::sync::Weak<Handle> = Arc::downgrade(self);
+        let mut conn = self.ctx.conn.clone();
+        let target = self.remote.target();
         let (subscribed, opened) = tokio::join!(
-            ctx.notifier.subscribe(&channel, listener, &s.name),
+            self.ctx.notifier.subscribe(&self.channel, listener, &s.name),
             protocol::open(&mut conn, &target, s.create, !s.allow_evicting_policy),
         );
         if let Ok(Some(o)) = &opened
             && o.refused
         {
             return Err(Error::EvictingPolicy {
-                name: s.name,
+                name: s.name.clone(),
                 policy: o.policy.clone().unwrap_or_default(),
                 detail: "it evicts any key under memory pressure".into(),
             });
@@ -200,16 +215,16 @@ impl Handle {
         let opened = opened.map_err(|e| Error::from_call(e, &s.name))?;
         let Some(opened) = opened else {
             return Err(Error::UnknownSemaphore {
-                name: s.name,
-                prefix: ctx.prefix.clone(),
+                name: s.name.clone(),
+                prefix: self.ctx.prefix.clone(),
             });
         };
         let (stored, created, with_ttl) = (opened.limit, opened.created, opened.with_ttl);
-        handle.remote.set_free(opened.free);
+        self.remote.set_free(opened.free);
         let policy = opened.policy;
         if let (Some(p), Some(key)) = (policy.filter(|p| p.starts_with("volatile-")), with_ttl) {
             return Err(Error::EvictingPolicy {
-                name: s.name,
+                name: s.name.clone(),
                 policy: p,
                 detail: format!(
                     "the key {key} carries a TTL, which makes it evictable (redsem never sets one: remove it with PERSIST)"
@@ -217,17 +232,16 @@ impl Handle {
             });
         }
         if stored != s.limit && s.on_other_limit == OtherLimit::Adopt {
-            handle.remote.set_limit(stored);
+            self.remote.set_limit(stored);
         } else if stored != s.limit {
             return Err(Error::LimitConflict {
-                name: s.name,
+                name: s.name.clone(),
                 requested: s.limit,
                 stored,
             });
         }
         tracing::debug!(semaphore = %s.name, limit = stored, created, "opened");
-        handle.heartbeat.start();
-        Ok(handle)
+        Ok(())
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -253,7 +267,6 @@ impl Handle {
 
     /// `(holders, waiters)` entries of this handle in this process.
     pub(crate) fn local_counts(&self) -> (usize, usize) {
-        let st = self.table.lock();
-        (st.holders.len(), st.waiters.len())
+        self.table.lock().counts()
     }
 }

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::handle::Handle;
 use super::held::Held;
-use super::lease::{LeaseState, deadline_after};
+use super::signal::LossSignal;
+use crate::core::{LeaseClock, deadline_after};
 use crate::error::{BackendError, Error, NoPermitsReason};
 use crate::protocol::{self, EntryState, Grant, Owner, Removal};
 
@@ -73,10 +74,13 @@ impl Handle {
             ))));
         }
         let id = guard.id.take().expect("armed until adopted");
-        let lease = Arc::new(LeaseState::new(sent, len, self.timing.renew_every));
-        self.table.lock().holders.insert(id.clone(), lease.clone());
+        let clock = LeaseClock::new(sent, Instant::now(), len, self.timing.renew_every);
+        let signal = Arc::new(LossSignal::new());
+        self.table
+            .lock()
+            .insert_holder(id.clone(), clock, signal.clone());
         self.table.poke.notify_one();
-        let held = Held::new(self.clone(), id, n, grant.clone(), lease, local, lease_use);
+        let held = Held::new(self.clone(), id, n, grant.clone(), signal, local, lease_use);
         tracing::debug!(semaphore = %self.name(), holder = %held.id(), ticket = grant.ticket,
             "adopted a handed-off permit");
         if self.ctx.synced.is_some() {
@@ -96,7 +100,7 @@ impl Handle {
         if self.closed.is_cancelled() {
             return Err(Error::closed(self.name()));
         }
-        if self.table.lock().holders.contains_key(id) {
+        if self.table.lock().holder(id).is_some() {
             // two permits of one entry in one handle would release each other's
             return Err(Error::InvalidArgument(format!(
                 "this handle of semaphore {:?} already holds {id} (adopted before): use that permit",

@@ -4,13 +4,14 @@
 //! [`detach`](Held::detach).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::handle::Handle;
-use super::lease::LeaseState;
+use super::signal::LossSignal;
 use super::table::LeaseUse;
 use crate::error::{Error, LostReason};
 use crate::protocol::{self, EntryState, Grant};
@@ -21,12 +22,12 @@ pub(crate) struct Held {
     id: String,
     n: u32,
     grant: Grant,
-    lease: Arc<LeaseState>,
+    /// Tells the permit it was lost (its lease clock is in the handle's state).
+    signal: Arc<LossSignal>,
+    /// The lease length last set (ms): what [`lease_len`](Held::lease_len) reports once the
+    /// holder left the handle's state (lost).
+    lease_ms: AtomicU64,
     _local: Option<OwnedSemaphorePermit>,
-    /// The lease lengths other than the handle's whose sessions this permit may be in
-    /// (asked for by its acquisition, or by [`set_lease`](Held::set_lease)): renewed while
-    /// it lives.
-    lease_uses: std::sync::Mutex<Vec<LeaseUse>>,
     released: bool,
     /// The maximum hold time's timer, if the acquisition asked for one.
     /// (Boxed: only a permit that asked for one pays for its size.)
@@ -37,7 +38,7 @@ pub(crate) struct Held {
 
 /// The timer of a maximum hold time: a task that, at `at`, declares the permit lost
 /// ([`LostReason::MaxHold`]) and detaches its entry in Redis
-/// ([`Heartbeat::max_hold_reached`](super::heartbeat::Heartbeat::max_hold_reached)). Ended
+/// ([`Table::max_hold_reached`](super::table::Table::max_hold_reached)). Ended
 /// when the permit goes (released, detached, dropped).
 struct MaxHoldTimer {
     at: Instant,
@@ -56,11 +57,24 @@ impl Held {
         id: String,
         n: u32,
         grant: Grant,
-        lease: Arc<LeaseState>,
+        signal: Arc<LossSignal>,
         local: Option<OwnedSemaphorePermit>,
         lease_use: Option<LeaseUse>,
     ) -> Held {
-        lease.set_granted(grant.clone());
+        // The lease lengths other than the handle's whose sessions this permit may be in
+        // (asked for by its acquisition, or by `set_lease`) are renewed while it lives.
+        let lease_ms = {
+            let mut st = handle.table.lock();
+            if let Some(u) = &lease_use {
+                st.permit_uses_lease(&id, u.ms());
+            }
+            let holder = st.holder_mut(&id);
+            holder.map_or(0, |h| {
+                h.grant = Some(grant.clone());
+                h.clock.len().as_millis() as u64
+            })
+        };
+        drop(lease_use);
         let _hold = crate::metrics::HoldTimer::new(handle.name());
         Held {
             _hold,
@@ -68,9 +82,9 @@ impl Held {
             id,
             n,
             grant,
-            lease,
+            signal,
+            lease_ms: AtomicU64::new(lease_ms),
             _local: local,
-            lease_uses: std::sync::Mutex::new(lease_use.into_iter().collect()),
             released: false,
             max_hold: None,
         }
@@ -86,13 +100,13 @@ impl Held {
         };
         let at = Instant::now() + max_hold;
         let handle = Arc::downgrade(&self.handle);
-        let (id, lease) = (self.id.clone(), self.lease.clone());
+        let id = self.id.clone();
         let task = tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
             if let Some(handle) = handle.upgrade() {
                 tracing::info!(semaphore = %handle.name(), holder = %id, ?max_hold,
                     "maximum hold time reached: the permit is lost, its entry detached");
-                handle.heartbeat.max_hold_reached(&id, &lease);
+                handle.table.max_hold_reached(&id);
             }
         });
         self.max_hold = Some(Box::new(MaxHoldTimer {
@@ -129,30 +143,45 @@ impl Held {
         &self.grant
     }
 
-    pub(crate) fn lease(&self) -> &LeaseState {
-        &self.lease
+    /// How the permit learns that it was lost.
+    pub(crate) fn signal(&self) -> &LossSignal {
+        &self.signal
+    }
+
+    /// The deadline of its lease as the handle's state keeps it (`None` once it left the
+    /// state: lost, or being released).
+    fn deadline(&self) -> Option<Instant> {
+        let st = self.handle.table.lock();
+        st.holder(&self.id).map(|h| h.clock.deadline())
     }
 
     /// Lost, or past the local deadline of its confirmed renewals or its maximum hold time
     /// (whether or not the heartbeat or the timer has run since).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lease.is_lost() || self.lease.may_have_ended() || self.past_max_hold()
+        self.signal.is_lost()
+            || self.deadline().is_none_or(|d| d <= Instant::now())
+            || self.past_max_hold()
     }
 
     /// Time left until the lease could have run out in Redis (zero once lost): the deadline
-    /// the heartbeat keeps, counted from the trusted confirmation (see `lease.rs`).
+    /// the heartbeat keeps, counted from the trusted confirmation (see `core/lease.rs`).
     pub(crate) fn lease_left(&self) -> Duration {
-        if self.lease.is_lost() {
+        if self.signal.is_lost() {
             return Duration::ZERO;
         }
-        self.lease
-            .deadline()
-            .saturating_duration_since(Instant::now())
+        self.deadline().map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
     }
 
-    /// The length of the lease in Redis for renewals from now on.
+    /// The length of the lease in Redis for renewals from now on (as the handle's state
+    /// keeps it; the last one set once the holder left the state).
     pub(crate) fn lease_len(&self) -> Duration {
-        self.lease.len()
+        let st = self.handle.table.lock();
+        st.holder(&self.id).map_or_else(
+            || Duration::from_millis(self.lease_ms.load(Ordering::Relaxed)),
+            |h| h.clock.len(),
+        )
     }
 
     /// Changes the lease to `len` (one round trip; validated by the caller): Redis extends
@@ -162,22 +191,23 @@ impl Held {
     /// a longer one only from the renewals sent after the change was confirmed (a replica, or
     /// a failed call, may leave the old length in place).
     pub(crate) async fn set_lease(&self, len: Duration) -> Result<(), Error> {
-        if let Some(reason) = self.lease.lost_reason() {
+        if let Some(reason) = self.signal.lost_reason() {
             return Err(Error::lease_lost(self.name(), reason));
         }
         self.handle
             .timing
             .check_holder_lease(len)
             .map_err(Error::InvalidArgument)?;
-        let old = self.lease.len();
-        if len != self.handle.timing.lease {
-            let ms = len.as_millis() as u64;
-            let mut uses = self.lease_uses.lock().unwrap();
-            if !uses.iter().any(|u| u.ms() == ms) {
-                uses.push(self.handle.table.use_lease(len));
+        let old = self.lease_len();
+        {
+            let mut st = self.handle.table.lock();
+            if len != self.handle.timing.lease {
+                st.permit_uses_lease(&self.id, len.as_millis() as u64);
+            }
+            if let Some(h) = st.holder_mut(&self.id) {
+                h.clock.cap_len(len);
             }
         }
-        self.lease.cap_len(len);
         self.handle.table.poke.notify_one(); // the deadline may have moved closer
         let sent = Instant::now();
         let mut conn = self.handle.ctx.conn.clone();
@@ -185,8 +215,12 @@ impl Held {
         let owner = protocol::Owner::Is(&self.handle.channel_id);
         match protocol::set_lease(&mut conn, &target, &self.id, len.as_millis() as u64, owner).await
         {
-            Ok(EntryState::Held(g)) if self.lease.is_same_grant(&g) => {
-                self.lease.set_len(len, sent);
+            Ok(EntryState::Held(g)) if g == self.grant => {
+                if let Some(h) = self.handle.table.lock().holder_mut(&self.id) {
+                    h.clock.set_len(len, sent);
+                }
+                self.lease_ms
+                    .store(len.as_millis() as u64, Ordering::Relaxed);
                 tracing::debug!(semaphore = %self.name(), holder = %self.id, ?old, new = ?len, "lease changed");
                 Ok(())
             }
@@ -195,9 +229,7 @@ impl Held {
                     EntryState::Moved => LostReason::HandedOff,
                     _ => LostReason::NotHolder,
                 };
-                self.handle
-                    .heartbeat
-                    .lose_holder(&self.id, &self.lease, reason);
+                self.handle.table.lose(&self.id, reason);
                 Err(Error::lease_lost(self.name(), reason))
             }
             Err(e) => Err(Error::from_call(e, self.handle.name())),
@@ -205,7 +237,7 @@ impl Held {
     }
 
     /// Releases the entry now and waits for Redis to confirm it (one round trip, shared
-    /// with the releases of the same handle made meanwhile: see `batch::Releases`); on
+    /// with the releases of the same handle made meanwhile: see `combine::ReleaseCombiner`); on
     /// error, the release is retried in the background.
     ///
     /// Cancel safe: the entry counts as released only once Redis confirmed it. Until then,
@@ -244,7 +276,7 @@ impl Held {
     /// the entry in the background (after a detach that landed, that frees the slot sooner).
     pub(crate) async fn export(mut self) -> Result<(), Error> {
         if self.is_lost() {
-            let reason = self.lease.lost_reason().unwrap_or(LostReason::Unreachable);
+            let reason = self.signal.lost_reason().unwrap_or(LostReason::Unreachable);
             return Err(Error::lease_lost(self.name(), reason));
         }
         self.handle.table.forget_holder(&self.id);
@@ -269,7 +301,7 @@ impl Held {
     /// Lost because another handle adopted the entry: it is that handle's now, and must not
     /// be released or detached from here.
     fn handed_off(&self) -> bool {
-        self.lease.lost_reason() == Some(LostReason::HandedOff)
+        self.signal.lost_reason() == Some(LostReason::HandedOff)
     }
 
     /// Stops renewing and does not release: the entry leaves the handle's session (in the
@@ -283,22 +315,20 @@ impl Held {
             ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
         self.released = true;
         self.handle.table.forget_holder(&self.id);
-        self.handle
-            .table
-            .detach_in_background(std::mem::take(&mut self.id));
+        self.handle.table.detach_in_background(self.id.clone());
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.released || self.handed_off() {
-            return;
+        if !self.released && !self.handed_off() {
+            tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,
+                ticket = self.grant.ticket, slots = ?self.grant.slots, "released (in the background)");
+            self.handle.table.forget_holder(&self.id);
+            self.handle.table.release_in_background(self.id.clone());
         }
-        tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,
-            ticket = self.grant.ticket, slots = ?self.grant.slots, "released (in the background)");
-        self.handle.table.forget_holder(&self.id);
-        self.handle
-            .table
-            .release_in_background(std::mem::take(&mut self.id));
+        // the sessions of the lease lengths it used are no longer kept for it
+        let mut st = self.handle.table.lock();
+        st.permit_gone(&self.id, Instant::now());
     }
 }

@@ -27,23 +27,23 @@
 
 mod acquire;
 mod batch;
+mod combine;
 mod context;
 mod handle;
 mod handoff;
 mod heartbeat;
 mod held;
-mod lease;
 mod notifier;
 mod releaser;
 mod remote;
 mod renewer;
+mod signal;
 mod synced;
 mod table;
 
+pub(crate) use crate::core::Timing;
 pub(crate) use acquire::Ask;
 pub(crate) use batch::Custom;
 pub(crate) use context::{ConnectSettings, Context};
 pub(crate) use handle::{Handle, OpenSettings, OtherLimit};
 pub(crate) use held::Held;
-pub(crate) use lease::Timing;
-pub use lease::margin;

@@ -29,6 +29,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Conn, Sentinel, SubConn};
+use crate::backoff::Backoff;
 use crate::error::{CallError, Error};
 use crate::protocol::explain_denied_subscription;
 
@@ -160,7 +161,7 @@ impl Notifier {
     /// meanwhile (Sentinel), the subscriber moves to it first and every channel is redone.
     async fn resync(&self, stop: &CancellationToken, masters: &mut Option<watch::Receiver<u64>>) {
         let mut pending = self.channels();
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         while !pending.is_empty() {
             let mut conn = self.conn();
             let mut failed = Vec::new();
@@ -196,18 +197,17 @@ impl Notifier {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
                 changed = next_change(masters) => {
                     if changed.is_ok() {
                         self.follow_master(stop).await;
                         pending = self.channels();
-                        delay = Duration::from_millis(50);
+                        backoff.reset();
                         continue;
                     }
                     *masters = None;
                 }
             }
-            delay = (delay * 2).min(Duration::from_secs(2));
         }
         tracing::debug!("notifier: subscriptions restored, waiters re-checked");
     }
@@ -217,7 +217,7 @@ impl Notifier {
         let Some((sentinel, tx)) = &self.sentinel else {
             return;
         };
-        let mut delay = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         loop {
             match sentinel.connect_subscriber(tx.clone()).await {
                 Ok(conn) => {
@@ -229,9 +229,8 @@ impl Notifier {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
 }

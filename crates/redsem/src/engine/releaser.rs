@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::notifier::Notifier;
 use super::remote::{Calls, Remote};
+use crate::backoff::Backoff;
 use crate::protocol::{Conn, Removal};
 
 /// Work for the releaser.
@@ -214,15 +215,14 @@ async fn release_with_retry(mut conn: impl Calls, g: &Group) -> bool {
         detach: &detach,
         end: &end,
     };
-    let mut delay = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     for attempt in 1..=ATTEMPTS {
         match conn.release(&g.remote, &removal).await {
             Ok(_) => return true,
             Err(e) => {
                 tracing::warn!(semaphore = %g.remote.name(), attempt, error = %e, "background release failed");
                 if attempt < ATTEMPTS {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }

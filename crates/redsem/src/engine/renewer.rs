@@ -22,7 +22,6 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -30,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::remote::Remote;
+use crate::core::Grid;
 use crate::error::{CallError, CallResult};
 use crate::protocol::{self, Conn, Node, RenewArgs, Renewal, Session};
 
@@ -38,43 +38,6 @@ const SEMAPHORES_PER_CALL: usize = 256;
 
 /// Most requests taken from the channel at once.
 const REQUESTS_PER_ROUND: usize = 4096;
-
-/// The longest step of the [`Grid`].
-pub(crate) const GRID_STEP: Duration = Duration::from_millis(50);
-
-/// The client-wide grid that heartbeats round their renewal wake-ups up to: multiples of
-/// [`GRID_STEP`] after the client's epoch (an eighth of the renewal interval when that is
-/// shorter). Handles whose renewals fall due in the same step, at whatever phase, then wake
-/// together and share one call. Up, not down: a renewal must not leave before one renewal
-/// interval after the answer to the one it is to make trusted (see `lease.rs`,
-/// [`Confirmations`](super::lease::Confirmations)); its cost is at most one step of lease per
-/// renewal (a renewal every 3,333 ms comes every 3,350 ms, 0.5 % of the lease's length
-/// later), which the lease's slack for retries absorbs. Only renewal times move: a wake-up
-/// at a lease expiry in Redis (to reap it) or at a holder's deadline stays where it is.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Grid {
-    epoch: Instant,
-}
-
-impl Grid {
-    /// The grid whose lines are the multiples of the step after `epoch`.
-    pub(crate) fn new(epoch: Instant) -> Grid {
-        Grid { epoch }
-    }
-
-    /// `at` rounded up to the grid, for renewals every `interval`: to a multiple of
-    /// [`GRID_STEP`] (of `interval` / 8 when that is shorter, so that a renewal comes at most
-    /// an eighth of its interval late) after the epoch.
-    pub(crate) fn ceil(&self, at: Instant, interval: Duration) -> Instant {
-        let step = GRID_STEP.min(interval / 8).as_nanos();
-        if step == 0 || at <= self.epoch {
-            return at;
-        }
-        let since = (at - self.epoch).as_nanos();
-        let up = (step - since % step) % step;
-        at + Duration::from_nanos(up as u64)
-    }
-}
 
 /// One handle's renewal, waiting to be sent.
 struct Request {
@@ -271,6 +234,7 @@ async fn call(mut conn: impl RenewCalls, requests: Vec<Request>) {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+    use std::time::Duration;
 
     use super::*;
     use crate::protocol::keys::Keys;
@@ -293,7 +257,7 @@ mod tests {
         Renewal {
             next_expiry: None,
             states: Vec::new(),
-            seen: None,
+            seen: (1, 1),
             had_lease: Vec::new(),
             head: None,
             served: Vec::new(),
@@ -469,29 +433,5 @@ mod tests {
             .flat_map(|(_, n)| n.clone())
             .collect();
         assert_eq!(sent, ["first", "kept0"]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn wake_ups_round_up_to_the_grid() {
-        let t0 = Instant::now();
-        let grid = Grid::new(t0);
-        let ms = Duration::from_millis;
-        let second = Duration::from_secs(1);
-        // any phase within a step lands on the step's end; a line stays where it is
-        for phase in [1, 17, 49] {
-            assert_eq!(grid.ceil(t0 + ms(3000 + phase), second), t0 + ms(3050));
-        }
-        assert_eq!(grid.ceil(t0 + ms(3050), second), t0 + ms(3050));
-        // so handles renewing every 3,333 ms at random phases meet on the same lines, and
-        // one on the grid stays on it, 3,350 ms apart
-        let at = grid.ceil(t0 + ms(3333), ms(3333));
-        assert_eq!(at, t0 + ms(3350));
-        assert_eq!(grid.ceil(at + ms(3333), ms(3333)), t0 + ms(6700));
-        // short intervals: a step of an eighth of the interval, never more late than that
-        assert_eq!(grid.ceil(t0 + ms(1017), ms(80)), t0 + ms(1020));
-        // never before the epoch
-        tokio::time::advance(ms(10)).await;
-        let later = Grid::new(Instant::now());
-        assert_eq!(later.ceil(t0, second), t0);
     }
 }

@@ -8,6 +8,7 @@
 
 use redis::RedisError;
 
+use crate::codes::Code;
 use crate::error::CallError;
 use crate::protocol::keys::Keys;
 
@@ -22,11 +23,7 @@ pub(super) fn script(
 ) -> CallError {
     let text = e.to_string();
     let lower = text.to_ascii_lowercase();
-    let acl = e.code() == Some("NOPERM")
-        || lower.contains("no permissions")
-        || lower.contains("acl failure")
-        || lower.contains("the user executing the script can't");
-    if !acl {
+    if Code::of(&e) != Code::NoPermission {
         return CallError::Redis(e);
     }
     let key_pattern = format!("{}*", keys.channel_base.trim_end_matches("c:"));
@@ -107,7 +104,7 @@ fn quoted_command(text: &str) -> Option<&str> {
 /// Rewrites a refused `SUBSCRIBE` of `channel` so that it names what is missing: the channel
 /// pattern, or the command; any other error is passed on.
 pub(crate) fn subscription(e: RedisError, channel: &str) -> CallError {
-    if e.code() != Some("NOPERM") {
+    if Code::of(&e) != Code::NoPermission {
         return CallError::Redis(e);
     }
     let text = e.to_string();

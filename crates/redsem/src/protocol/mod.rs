@@ -20,6 +20,7 @@ use redis::{Script, Value};
 
 pub(crate) use crate::backend::Conn;
 pub(crate) use crate::backend::Node;
+use crate::codes::Code;
 use crate::error::{CallError, CallResult};
 use crate::protocol::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
@@ -151,7 +152,10 @@ impl Lua {
             then(&mut pipe);
             let values = conn.pipeline_on_key(&t.keys.cfg, &pipe).await?;
             match values.first() {
-                Some(Value::ServerError(e)) if e.code() == "NOSCRIPT" && attempt == 0 => {
+                Some(Value::ServerError(e))
+                    if Code::of_reply(e.code(), &e.to_string()) == Code::NoScript
+                        && attempt == 0 =>
+                {
                     self.load(conn).await?;
                 }
                 Some(Value::ServerError(e)) => return Err(self.explain(e.clone().into(), t)),
@@ -382,10 +386,10 @@ pub(crate) async fn renew_many(
 /// What a `lease.lua` call does with the holder's owner.
 #[derive(Clone, Copy)]
 pub(crate) enum Owner<'a> {
-    /// The holder must belong to the handle with this channel suffix
+    /// The holder must belong to the handle with this channel id
     /// ([`EntryState::Moved`] otherwise: nothing changed).
     Is(&'a str),
-    /// The holder moves to the handle with this channel suffix, from whatever session it is
+    /// The holder moves to the handle with this channel id, from whatever session it is
     /// in (a hand-off's adoption).
     Adopt(&'a str),
 }
@@ -404,8 +408,8 @@ pub(crate) async fn set_lease(
         .run(conn, t, |inv| {
             inv.arg(id).arg(lease_ms);
             match owner {
-                Owner::Is(suffix) => inv.arg(suffix).arg("0"),
-                Owner::Adopt(suffix) => inv.arg(suffix).arg("1"),
+                Owner::Is(channel_id) => inv.arg(channel_id).arg("0"),
+                Owner::Adopt(channel_id) => inv.arg(channel_id).arg("1"),
             };
         })
         .await?;

@@ -53,8 +53,7 @@ pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<(Vec<AcquireRepl
                     next_expiry_ms: expiry(int(items.get(2))?),
                 },
                 -1 => AcquireReply::NoCapacity {
-                    // absent in replies of protocol 2 scripts before this reason was added
-                    queued_first: int(items.get(1)).unwrap_or(1) == 2,
+                    queued_first: int(items.get(1))? == 2,
                 },
                 -2 => AcquireReply::TooMany {
                     limit: int(items.get(1))? as u32,
@@ -90,13 +89,10 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
     if states.len() != ids {
         return Err(unexpected(v));
     }
-    let seen = match (items.get(2), items.get(3)) {
-        (Some(free), Some(limit)) => Some((
-            int(Some(free))?.clamp(0, u32::MAX as i64) as u32,
-            int(Some(limit))?.clamp(0, u32::MAX as i64) as u32,
-        )),
-        _ => None,
-    };
+    let seen = (
+        int(items.get(2))?.clamp(0, u32::MAX as i64) as u32,
+        int(items.get(3))?.clamp(0, u32::MAX as i64) as u32,
+    );
     let had_lease = array(items.get(4).ok_or_else(|| unexpected(v))?)?
         .iter()
         .map(|f| int(Some(f)).map(|f| f == 1))
@@ -113,36 +109,26 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         .iter()
         .map(|id| string(Some(id)))
         .collect::<CallResult<Vec<_>>>()?;
-    // why each was removed (absent from the scripts of before it was added)
-    let why = match items.get(7) {
-        Some(w) => array(w)?
-            .iter()
-            .map(|x| int(Some(x)))
-            .collect::<CallResult<Vec<_>>>()?,
-        None => Vec::new(),
-    };
+    // why each was removed, one per id
+    let why = array(items.get(7).ok_or_else(|| unexpected(v))?)?;
+    if why.len() != removed_ids.len() {
+        return Err(unexpected(v));
+    }
     let removed = removed_ids
         .into_iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let by = match why.get(i) {
-                Some(1) => RemovedBy::Operator,
-                Some(2) => RemovedBy::Rejected,
-                _ => RemovedBy::Unknown,
-            };
-            (id, by)
+        .zip(why)
+        .map(|(id, w)| match int(Some(w))? {
+            1 => Ok((id, RemovedBy::Operator)),
+            2 => Ok((id, RemovedBy::Rejected)),
+            _ => Err(unexpected(v)),
         })
-        .collect();
-    // (a trailing element: absent from the replies of scripts before it)
-    let deleted = matches!(items.get(8), Some(Value::Int(1)));
-    // the highest ticket granted per priority class (a trailing element, added with them)
-    let served = match items.get(9) {
-        Some(s) => array(s)?
-            .iter()
-            .map(|t| int(Some(t)).map(|t| u64::try_from(t).unwrap_or(0)))
-            .collect::<CallResult<Vec<_>>>()?,
-        None => Vec::new(),
-    };
+        .collect::<CallResult<Vec<_>>>()?;
+    let deleted = int(items.get(8))? == 1;
+    // the highest ticket granted per priority class
+    let served = array(items.get(9).ok_or_else(|| unexpected(v))?)?
+        .iter()
+        .map(|t| int(Some(t)).map(|t| u64::try_from(t).unwrap_or(0)))
+        .collect::<CallResult<Vec<_>>>()?;
     Ok(Renewal {
         next_expiry: next,
         states,
@@ -162,7 +148,7 @@ pub(crate) struct Renewal {
     /// One state per id sent.
     pub(crate) states: Vec<EntryState>,
     /// `(free permits, stored limit)` at the time of the call.
-    pub(crate) seen: Option<(u32, u32)>,
+    pub(crate) seen: (u32, u32),
     /// One flag per session sent: it had a lease (`false`: it had expired, and its entries
     /// were reaped, or it was never used; its lease starts now).
     pub(crate) had_lease: Vec<bool>,
@@ -189,8 +175,6 @@ pub(crate) enum RemovedBy {
     Operator,
     /// A waiter that asked for more permits than the limit, after a shrink.
     Rejected,
-    /// Not said (a script of before the reasons were added).
-    Unknown,
 }
 
 /// What `resize.lua` answered in its reporting modes (`set`, `add`): the previous limit, the

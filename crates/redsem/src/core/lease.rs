@@ -1,27 +1,21 @@
-//! Lease state: the timing settings of a handle ([`Timing`]), the calls that confirmed a
-//! lease and which of them it is trusted from ([`Confirmations`]), and the bookkeeping of one
-//! held lease ([`LeaseState`]), shared by a permit and the heartbeat.
+//! The lease rules: the timing settings of a handle ([`Timing`]), the calls that confirmed a
+//! lease and which of them it is trusted from ([`Confirmations`]), and the clock of one held
+//! lease ([`LeaseClock`]).
 //!
 //! A lease is trusted until `trusted confirmation + lease − margin`
-//! ([`LeaseState::deadline`]): the margin covers the difference between this process's
+//! ([`LeaseClock::deadline`]): the margin covers the difference between this process's
 //! clock and Redis's, and the trusted confirmation is one that a failover to a replica
 //! lagging by less than one renewal interval cannot have lost (see [`Confirmations`]; the
 //! last confirmation may be missing from such a replica, and so may every other one answered
 //! less than a renewal interval before the last was sent). Every "could the lease have
 //! ended?" question in the engine is answered here.
 
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
-use crate::error::LostReason;
-use crate::protocol::Grant;
+use super::time::Instant;
 
 /// Safety margin taken off a lease before trusting it: a tenth, at most 1 s. The holder
-/// trusts a lease confirmed at `t` until `t + lease − margin` (see [`deadline_after`]).
+/// trusts a lease confirmed at `t` until `t + lease − margin` (`deadline_after`).
 pub fn margin(lease: Duration) -> Duration {
     (lease / 10).min(Duration::from_secs(1))
 }
@@ -36,7 +30,7 @@ pub(crate) fn deadline_after(confirmed: Instant, lease: Duration) -> Instant {
 #[derive(Clone, Debug)]
 pub(crate) struct Timing {
     /// The handle's lease: of its waiters, and of its holders unless an acquisition asked
-    /// for another ([`LeaseState`] keeps each holder's own).
+    /// for another (each holder's [`LeaseClock`] keeps its own).
     pub(crate) lease: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) fallback_poll: Duration,
@@ -87,15 +81,8 @@ impl Timing {
     /// makes that confirmation trusted. The deadline then counts from it; the next renewal
     /// comes one interval (+ a round trip) after it, so `2 × (renewal + round trip) + margin
     /// < lease` leaves room for the round trips, the grid and retries (lease ≥ 3 renewals).
-    pub(crate) fn renewal_due(&self, lease: &LeaseState) -> Instant {
+    pub(crate) fn renewal_due(&self, lease: &LeaseClock) -> Instant {
         lease.anchor_answered() + self.renew_every
-    }
-
-    /// Whether a lease of the handle's length last confirmed by a call sent at `confirmed`
-    /// could have run out in Redis by now.
-    #[cfg(test)]
-    pub(crate) fn may_have_ended(&self, confirmed: Instant) -> bool {
-        self.deadline(confirmed) <= Instant::now()
     }
 
     /// How often the waiters are checked: every fallback interval, and at least every renewal
@@ -172,9 +159,11 @@ impl Confirmations {
     }
 }
 
-/// The confirmations of a lease and its length.
-#[derive(Clone)]
-struct Renewals {
+/// The clock of one held lease: the calls that confirmed it and its length, which together
+/// say until when it is trusted ([`deadline`](Self::deadline)). Kept in the handle's state
+/// ([`HandleState`](super::HandleState)), under its one lock.
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseClock {
     confirmations: Confirmations,
     /// The lease's length in Redis for confirmations sent at or after `since`.
     len: Duration,
@@ -184,7 +173,30 @@ struct Renewals {
     since: Instant,
 }
 
-impl Renewals {
+impl LeaseClock {
+    /// A lease of length `len`, renewed every `lag`, first confirmed by a call sent at `sent`
+    /// and answered at `answered` (a grant in reply to an acquisition).
+    pub(crate) fn new(
+        sent: Instant,
+        answered: Instant,
+        len: Duration,
+        lag: Duration,
+    ) -> LeaseClock {
+        LeaseClock::confirmed(Confirmations::new(sent, answered, lag), len)
+    }
+
+    /// A lease of length `len` with the confirmations so far (a granted waiter's: its
+    /// session's, which the grant keeps).
+    pub(crate) fn confirmed(confirmations: Confirmations, len: Duration) -> LeaseClock {
+        let since = confirmations.trusted_from();
+        LeaseClock {
+            confirmations,
+            len,
+            earlier: len,
+            since,
+        }
+    }
+
     /// The length of the lease confirmed at the trusted confirmation, as far as this process
     /// can tell.
     fn trusted_len(&self) -> Duration {
@@ -195,111 +207,47 @@ impl Renewals {
         }
     }
 
-    fn deadline(&self) -> Instant {
+    /// The moment the lease could have run out in Redis: the trusted confirmation + its
+    /// length − safety margin.
+    pub(crate) fn deadline(&self) -> Instant {
         deadline_after(self.confirmations.trusted_from(), self.trusted_len())
     }
-}
 
-/// Lease bookkeeping shared by a permit and the heartbeat.
-pub(crate) struct LeaseState {
-    lost_tx: watch::Sender<Option<LostReason>>,
-    token: CancellationToken,
-    renewed: Mutex<Renewals>,
-    /// Ticket, slots and fences of the permit: for the heartbeat's events, and to tell this
-    /// grant from a later one under the same id.
-    granted: OnceLock<Grant>,
-}
-
-impl LeaseState {
-    /// A lease of length `len`, renewed every `lag`, first confirmed by a call sent at `sent`
-    /// and answered now (a grant in reply to an acquisition).
-    pub(crate) fn new(sent: Instant, len: Duration, lag: Duration) -> LeaseState {
-        LeaseState::confirmed(Confirmations::new(sent, Instant::now(), lag), len)
-    }
-
-    /// A lease of length `len` with the confirmations so far (a granted waiter's: its
-    /// session's, which the grant keeps).
-    pub(crate) fn confirmed(confirmations: Confirmations, len: Duration) -> LeaseState {
-        let since = confirmations.trusted_from();
-        LeaseState {
-            lost_tx: watch::Sender::new(None),
-            token: CancellationToken::new(),
-            renewed: Mutex::new(Renewals {
-                confirmations,
-                len,
-                earlier: len,
-                since,
-            }),
-            granted: OnceLock::new(),
-        }
-    }
-
-    /// The moment the lease could have run out in Redis: the confirmation before the last +
-    /// its length − safety margin.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.renewed.lock().unwrap().deadline()
-    }
-
-    /// Whether the lease could have run out in Redis by now (lost or not).
-    pub(crate) fn may_have_ended(&self) -> bool {
-        self.deadline() <= Instant::now()
+    /// Whether the lease could have run out in Redis by `now`.
+    pub(crate) fn may_have_ended(&self, now: Instant) -> bool {
+        self.deadline() <= now
     }
 
     /// The length of the lease in Redis for confirmations sent from now on.
     pub(crate) fn len(&self) -> Duration {
-        self.renewed.lock().unwrap().len
+        self.len
     }
 
     /// The lease's length becomes `len` for every confirmation sent at or after `since`
     /// (those before count with the shorter of the old and new lengths).
-    pub(crate) fn set_len(&self, len: Duration, since: Instant) {
-        let mut r = self.renewed.lock().unwrap();
-        r.earlier = r.earlier.min(r.len);
-        r.len = len;
-        r.since = since;
+    pub(crate) fn set_len(&mut self, len: Duration, since: Instant) {
+        self.earlier = self.earlier.min(self.len);
+        self.len = len;
+        self.since = since;
     }
 
     /// The lease may already be shorter than it was (a change sent, not confirmed): counts
     /// every confirmation, past and future, with at most `len`.
-    pub(crate) fn cap_len(&self, len: Duration) {
-        let mut r = self.renewed.lock().unwrap();
-        r.earlier = r.earlier.min(len);
-        r.len = r.len.min(len);
-    }
-
-    /// Ticket, slots and fences of the permit that holds this lease, once known.
-    pub(crate) fn granted(&self) -> Option<&Grant> {
-        self.granted.get()
-    }
-
-    /// Records the grant of the permit that holds this lease.
-    pub(crate) fn set_granted(&self, grant: Grant) {
-        let _ = self.granted.set(grant);
-    }
-
-    /// Whether Redis's answer `held` is this permit's grant. It is not when the entry was
-    /// granted again under the same id: Redis lost the first grant (a failover to a replica
-    /// that missed it, a restore) while the entry waited there, and granted it afresh, with
-    /// other fences and maybe other slots. The permit is then lost: its slots and fences are
-    /// not what Redis holds for it.
-    pub(crate) fn is_same_grant(&self, held: &Grant) -> bool {
-        self.granted.get().is_none_or(|mine| mine == held)
+    pub(crate) fn cap_len(&mut self, len: Duration) {
+        self.earlier = self.earlier.min(len);
+        self.len = self.len.min(len);
     }
 
     /// Records a confirmation by a call sent at `sent` and answered at `answered` (see
     /// [`Confirmations::confirm`]).
-    pub(crate) fn renewed(&self, sent: Instant, answered: Instant) {
-        self.renewed
-            .lock()
-            .unwrap()
-            .confirmations
-            .confirm(sent, answered);
+    pub(crate) fn renewed(&mut self, sent: Instant, answered: Instant) {
+        self.confirmations.confirm(sent, answered);
     }
 
     /// When the anchor confirmation was answered: the next renewal is due one renewal
     /// interval later ([`Timing::renewal_due`]).
     pub(crate) fn anchor_answered(&self) -> Instant {
-        self.renewed.lock().unwrap().confirmations.anchor_answered()
+        self.confirmations.anchor_answered()
     }
 
     /// Send time of the confirmation the deadline counts from: the newest one that a
@@ -307,38 +255,7 @@ impl LeaseState {
     /// (see [`Confirmations`]).
     #[cfg(test)]
     pub(crate) fn trusted_from(&self) -> Instant {
-        self.renewed.lock().unwrap().confirmations.trusted_from()
-    }
-
-    /// Marks the lease lost (first reason wins) and cancels the permit's token.
-    pub(crate) fn lose(&self, reason: LostReason) {
-        self.lost_tx.send_if_modified(|v| {
-            if v.is_none() {
-                *v = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
-        self.token.cancel();
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost_reason().is_some()
-    }
-
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        *self.lost_tx.borrow()
-    }
-
-    /// Follows the loss of the lease (`None` until it is lost).
-    pub(crate) fn lost_receiver(&self) -> watch::Receiver<Option<LostReason>> {
-        self.lost_tx.subscribe()
-    }
-
-    /// The token cancelled when the lease is lost.
-    pub(crate) fn token(&self) -> &CancellationToken {
-        &self.token
+        self.confirmations.trusted_from()
     }
 }
 
@@ -360,11 +277,14 @@ mod tests {
             confirmed + Duration::from_millis(2700)
         );
         tokio::time::advance(Duration::from_millis(2699)).await;
-        assert!(!timing.may_have_ended(confirmed));
+        assert!(timing.deadline(confirmed) > Instant::now());
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(timing.may_have_ended(confirmed), "at the deadline");
+        assert!(
+            (timing.deadline(confirmed) <= Instant::now()),
+            "at the deadline"
+        );
         // a later confirmation moves it
-        assert!(!timing.may_have_ended(confirmed + Duration::from_secs(1)));
+        assert!(timing.deadline(confirmed + Duration::from_secs(1)) > Instant::now());
     }
 
     #[tokio::test(start_paused = true)]
@@ -377,9 +297,9 @@ mod tests {
         assert_eq!(long.margin(), Duration::from_secs(1));
         let confirmed = Instant::now();
         tokio::time::advance(Duration::from_secs(58)).await;
-        assert!(!long.may_have_ended(confirmed));
+        assert!(long.deadline(confirmed) > Instant::now());
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(long.may_have_ended(confirmed));
+        assert!((long.deadline(confirmed) <= Instant::now()));
     }
 
     #[test]
@@ -395,15 +315,15 @@ mod tests {
 
     /// A lease of length `len` renewed every second, granted by a call sent and answered at
     /// `at`.
-    fn lease_at(at: Instant, len: Duration) -> LeaseState {
-        LeaseState::confirmed(Confirmations::new(at, at, SECOND), len)
+    fn lease_at(at: Instant, len: Duration) -> LeaseClock {
+        LeaseClock::confirmed(Confirmations::new(at, at, SECOND), len)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_renewal_never_moves_the_confirmation_back() {
         let t0 = Instant::now();
         let s = |n: u32| t0 + SECOND * n;
-        let lease = lease_at(t0, Duration::from_secs(3));
+        let mut lease = lease_at(t0, Duration::from_secs(3));
         lease.renewed(s(2), s(2));
         assert_eq!(lease.trusted_from(), t0, "the grant");
         let half = s(2) + SECOND / 2;
@@ -419,14 +339,6 @@ mod tests {
         lease.renewed(half, s(4));
         assert_eq!(lease.trusted_from(), s(2));
         assert_eq!(lease.anchor_answered(), s(3));
-        lease.lose(LostReason::Unreachable);
-        lease.lose(LostReason::NotHolder);
-        assert_eq!(
-            lease.lost_reason(),
-            Some(LostReason::Unreachable),
-            "first wins"
-        );
-        assert!(lease.token().is_cancelled());
     }
 
     /// A failover to a replica that lags by less than one renewal interval may have lost
@@ -438,7 +350,7 @@ mod tests {
         let timing = Timing::new(Duration::from_secs(3), SECOND, SECOND);
         let ms = |n: u64| Instant::now() + Duration::from_millis(n);
         let t0 = Instant::now();
-        let lease = LeaseState::confirmed(Confirmations::new(t0, ms(10), SECOND), timing.lease);
+        let mut lease = LeaseClock::confirmed(Confirmations::new(t0, ms(10), SECOND), timing.lease);
         assert_eq!(
             lease.trusted_from(),
             t0,
@@ -480,7 +392,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_longer_lease_counts_once_a_confirmation_after_the_change_is_trusted() {
         let t0 = Instant::now();
-        let lease = lease_at(t0, Duration::from_secs(3));
+        let mut lease = lease_at(t0, Duration::from_secs(3));
         assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
         let changed = t0 + SECOND;
         lease.set_len(Duration::from_secs(30), changed);
@@ -504,7 +416,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_shorter_lease_counts_at_once() {
         let t0 = Instant::now();
-        let lease = lease_at(t0, Duration::from_secs(30));
+        let mut lease = lease_at(t0, Duration::from_secs(30));
         lease.cap_len(Duration::from_secs(3));
         assert_eq!(lease.deadline(), t0 + Duration::from_millis(2700));
         lease.set_len(Duration::from_secs(3), t0 + SECOND);
@@ -515,9 +427,9 @@ mod tests {
             t0 + Duration::from_millis(3700),
             "trusted from the change, under the new length"
         );
-        assert!(!lease.may_have_ended());
+        assert!(!lease.may_have_ended(Instant::now()));
         tokio::time::advance(Duration::from_millis(3700)).await;
-        assert!(lease.may_have_ended());
+        assert!(lease.may_have_ended(Instant::now()));
     }
 
     #[test]
