@@ -29,8 +29,19 @@ pub(crate) fn to_json<T: Serialize>(v: &T) -> Result<String, Failure> {
     serde_json::to_string_pretty(v).map_err(|e| Failure::Other(format!("cannot encode JSON: {e}")))
 }
 
-/// The human view of one snapshot (also the body of `watch`).
+/// The human view of one snapshot (also the body of `watch`): its summary, its holders and
+/// its queue.
 pub fn render_stats(s: &redsem::Stats) -> String {
+    let mut out = summary(s);
+    out.push('\n');
+    out.push_str(&holders(s));
+    out.push('\n');
+    out.push_str(&queue(s));
+    out
+}
+
+/// The first lines of [`render_stats`]: counts, totals and a warning after repairs.
+fn summary(s: &redsem::Stats) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -58,7 +69,12 @@ pub fn render_stats(s: &redsem::Stats) -> String {
             s.repairs_total
         );
     }
-    out.push('\n');
+    out
+}
+
+/// The holders' table of [`render_stats`].
+fn holders(s: &redsem::Stats) -> String {
+    let mut out = String::new();
     if s.holders.is_empty() {
         out.push_str("HOLDERS: none\n");
     } else {
@@ -89,7 +105,12 @@ pub fn render_stats(s: &redsem::Stats) -> String {
             );
         }
     }
-    out.push('\n');
+    out
+}
+
+/// The queue's table of [`render_stats`].
+fn queue(s: &redsem::Stats) -> String {
+    let mut out = String::new();
     if s.waiters.is_empty() {
         out.push_str("QUEUE: empty\n");
     } else {

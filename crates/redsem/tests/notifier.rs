@@ -36,7 +36,7 @@ async fn a_grant_whose_notification_was_lost_is_found_by_the_fallback_poll() {
             .as_str()
             .unwrap()
             .to_owned();
-        // (its channel suffix, the record's fourth field: docs/PROTOCOL.md, "Records")
+        // (its channel id, the record's fourth field: docs/PROTOCOL.md, "Records")
         let suffix = format!("|{}.0|", client.id());
         assert_eq!(record_field(&record, "c"), format!("{}.0", client.id()));
         let rerouted = record.replacen(&suffix, "|nowhere|", 1);

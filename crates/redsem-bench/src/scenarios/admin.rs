@@ -246,7 +246,7 @@ impl Queue {
     /// How many waiters Redis has queued, once all are or at the deadline.
     async fn wait_queued(&self, waiters: u64, deadline: Instant) -> anyhow::Result<u64> {
         loop {
-            let queued = self.client.inspect(NAME).await?.waiters.len() as u64;
+            let queued = self.client.inspect(NAME).await?.waiter_count as u64;
             if queued >= waiters || Instant::now() >= deadline {
                 return Ok(queued);
             }

@@ -208,8 +208,8 @@ pub(super) async fn wait_queued(
         for name in names {
             match tokio::time::timeout_at(deadline, client.inspect(name)).await {
                 Ok(Ok(st)) => {
-                    count += st.waiters.len() as u64;
-                    all_held &= st.holders.len() == holders;
+                    count += st.waiter_count as u64;
+                    all_held &= st.holder_count == holders;
                 }
                 Ok(Err(e)) => {
                     q.error = Some(e.to_string());

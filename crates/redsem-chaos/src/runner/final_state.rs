@@ -188,14 +188,27 @@ async fn entries_after_reap(cfg: &Config, url: &str, st: &mut FinalState) -> any
         .build()
         .await?;
     for s in &cfg.sems {
+        // opening reaps (`open.lua`; `stats.lua`, which `inspect` runs, is read-only: it leaves
+        // out what has expired but removes nothing)
+        let opened = rs
+            .semaphore(&s.name, s.limit)
+            .limit_policy(redsem::LimitPolicy::Adopt)
+            .allow_evicting_policy(true)
+            .open()
+            .await;
+        match opened {
+            Ok(sem) => drop(sem),
+            Err(redsem::Error::UnknownSemaphore { .. }) => {}
+            Err(e) => st
+                .after_reap
+                .push(format!("{}: opening to reap failed: {e}", s.name)),
+        }
         match rs.inspect(&s.name).await {
             Ok(stats) => {
-                if !stats.holders.is_empty() || !stats.waiters.is_empty() {
+                if stats.holder_count > 0 || stats.waiter_count > 0 {
                     st.after_reap.push(format!(
                         "{}: {} holders and {} waiters left after every lease ran out",
-                        s.name,
-                        stats.holders.len(),
-                        stats.waiters.len()
+                        s.name, stats.holder_count, stats.waiter_count
                     ));
                 }
             }
@@ -209,8 +222,8 @@ async fn entries_after_reap(cfg: &Config, url: &str, st: &mut FinalState) -> any
     Ok(())
 }
 
-/// Records the keys of semaphore `s` that still hold entries once they were reaped, and a
-/// free-slot set that does not hold every slot.
+/// Records the keys of semaphore `s` that still hold entries once they were reaped, and free
+/// slots fewer than the limit.
 async fn keys_after_reap(
     cfg: &Config,
     s: &SemSpec,
@@ -243,14 +256,27 @@ async fn keys_after_reap(
         .query_async(conn)
         .await?;
     if cfg_exists == 1 {
-        let free: i64 = redis::cmd("ZCARD")
-            .arg(&keys.free)
+        // the free slots as the scripts count them (docs/PROTOCOL.md, "Free slots"): those
+        // listed in `free` below the high-water mark `hw`, and every slot from `hw` up to the
+        // limit
+        let limit = i64::from(s.limit);
+        let hw: Option<i64> = redis::cmd("HGET")
+            .arg(&keys.cfg)
+            .arg("hw")
             .query_async(conn)
             .await?;
-        if free != i64::from(s.limit) {
+        let hw = hw.unwrap_or(0);
+        let listed: i64 = redis::cmd("ZCOUNT")
+            .arg(&keys.free)
+            .arg(0)
+            .arg(format!("({}", hw.min(limit)))
+            .query_async(conn)
+            .await?;
+        let free = listed + (limit - hw).max(0);
+        if free != limit {
             st.after_reap.push(format!(
-                "{}: {free} free slots of {} once nobody holds any",
-                s.name, s.limit
+                "{}: {free} free slots of {limit} once nobody holds any (high-water mark {hw}, {listed} listed)",
+                s.name
             ));
         }
     }

@@ -199,7 +199,9 @@ impl Handle {
         let mut conn = self.ctx.conn.clone();
         let target = self.remote.target();
         let (subscribed, opened) = tokio::join!(
-            self.ctx.notifier.subscribe(&self.channel, listener, &s.name),
+            self.ctx
+                .notifier
+                .subscribe(&self.channel, listener, &s.name),
             protocol::open(&mut conn, &target, s.create, !s.allow_evicting_policy),
         );
         if let Ok(Some(o)) = &opened

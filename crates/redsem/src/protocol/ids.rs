@@ -46,7 +46,7 @@ mod tests {
         assert!(a.starts_with("host:42:ab12.3-") && a != b, "{a} {b}");
         let prelude = include_str!("lua/prelude.lua");
         assert!(
-            prelude.contains("(m.o or m.c) .. '~' .. string.format('%d',"),
+            prelude.contains("(m.o or m.c) .. '~' .. (m.s and m.l or m.w)"),
             "the prelude's sess_of builds session ids as <channel id>~<lease ms>"
         );
     }

@@ -2,9 +2,9 @@
 -- it is free now). Requests are handled in order, as if sent one after the other: a batch is
 -- what a client gathered while its previous call was in flight, so FIFO order is kept.
 -- ARGV (after the common header): 4 k (number of requests), then 8 values per request:
---   id, n, holder lease ms, waiter lease ms, client channel suffix, label, mode ("wait"|"try"),
+--   id, n, holder lease ms, waiter lease ms, client channel id, label, mode ("wait"|"try"),
 --   priority class (0..9, 0 the default; higher first: prelude's score_of)
--- A waiter joins the session '<suffix>~<waiter lease>', a holder '<suffix>~<holder lease>';
+-- A waiter joins the session '<channel id>~<waiter lease>', a holder '<channel id>~<holder lease>';
 -- joining extends the session's lease to at least now + its lease.
 -- Reply: one reply per request, in order:
 --        {1, slots, fences, ticket}   granted now

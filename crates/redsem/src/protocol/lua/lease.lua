@@ -3,7 +3,7 @@
 -- at least now + the new length. Never re-creates an entry. Also adopts a holder handed off
 -- by another client handle (Semaphore::adopt): the entry moves to the caller's session.
 -- ARGV (after the common header): 4 id, 5 lease ms,
---   6 (optional) the calling handle's channel suffix: the entry must belong to it (its `c`,
+--   6 (optional) the calling handle's channel id: the entry must belong to it (its `c`,
 --     and not detached), else nothing changes and the reply is {-3};
 --   7 (optional, with 6) "1" to adopt instead: whatever session the entry is in (detached, or
 --     another handle's), its `c` becomes ARGV 6 and its `o` goes; a detached entry's own

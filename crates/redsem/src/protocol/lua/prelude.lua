@@ -15,7 +15,7 @@
 --                  separated by '|', the label last, after its length in bytes:
 --                  'n|t|p|c|o|l|w|q|a|s|f|<label length>|<label>'
 --                  n permits, t ticket, p priority class (1..9; '' for the default 0),
---                  c client channel suffix, o owner once detached ('' otherwise), l holder
+--                  c client channel id, o owner once detached ('' otherwise), l holder
 --                  lease ms, w waiter lease ms, q enqueued ms, a acquired ms ('' while queued),
 --                  s slots and f their fences (decimal), each comma-separated ('' while queued)
 --   5 slots  hash  slot number -> id of its holder (a loss of the map is detected by
@@ -34,7 +34,7 @@
 -- sessions, not its entries; when a session's lease passes, all its entries are reaped.
 -- ARGV (common header):
 --   1 limit used only when cfg does not exist (first open, or data loss)
---   2 channel base: a grant for a waiter whose client channel suffix is c is published on base..c
+--   2 channel base: a grant for a waiter whose client channel id is c is published on base..c
 --   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
 -- (renew_many works on several semaphores in one call: it points these at each in turn with
 -- its use_semaphore; every other script works on KEYS[1..7] and ARGV.)
