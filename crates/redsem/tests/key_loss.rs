@@ -473,3 +473,43 @@ async fn ending_a_session_after_own_is_lost_keeps_its_entries_leases() {
         );
     }
 }
+
+/// Found by the chaos run: a lost configuration took with it the highest ticket granted in
+/// each priority class (`s0`..`s9`), which is how a client whose grant notice was lost too
+/// learns, at its next renewal, that a waiter of its was granted (a waiter queued behind a
+/// higher class is not below the head of the queue). The re-created configuration takes them
+/// from the holders' records.
+#[tokio::test]
+async fn a_lost_configuration_keeps_the_highest_ticket_granted_in_each_class() {
+    for server in servers() {
+        let name = "cfg-lost-served";
+        let lease = "30000";
+        let cfg = format!("redsem:{{{name}}}:cfg");
+        let acquire = include_str!("../src/protocol/lua/acquire.lua");
+        for (id, class) in [("h.0-1", "0"), ("h.0-2", "2"), ("h.0-3", "0")] {
+            let r = raw(
+                &server,
+                name,
+                3,
+                acquire,
+                &["1", id, "1", lease, lease, "h.0", "x", "try", class],
+            );
+            assert!(format!("{r:?}").starts_with("Array([Array([Int(1)"), "{r:?}");
+        }
+        let served = |field: &str| server.cmd(&["HGET", &cfg, field]).as_str().map(str::to_owned);
+        assert_eq!(served("s0").as_deref(), Some("3"));
+        assert_eq!(served("s2").as_deref(), Some("2"));
+        server.cmd(&["DEL", &cfg]);
+        // any writing call re-creates the configuration (a try that is not granted here)
+        let r = raw(
+            &server,
+            name,
+            3,
+            acquire,
+            &["1", "h.0-4", "1", lease, lease, "h.0", "x", "try", "0"],
+        );
+        assert!(!format!("{r:?}").starts_with("Array([Array([Int(1)"), "{r:?}");
+        assert_eq!(served("s0").as_deref(), Some("3"), "{}", server.flavor());
+        assert_eq!(served("s2").as_deref(), Some("2"), "{}", server.flavor());
+    }
+}

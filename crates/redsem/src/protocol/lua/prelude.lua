@@ -533,12 +533,22 @@ local function rare()
 
   -- The highest ticket of the records and the queue (a configuration re-created while entries
   -- remain continues above it). O(entries).
+  -- The highest ticket of the records and the queue; and, as a lost configuration's s0..s9
+  -- must be restored, the highest granted in each class is noted in SERVED (finish() writes
+  -- it): else a waiter granted just before the loss, whose notification was lost too, would
+  -- not be in doubt for its client (see SERVED).
   function R.highest_ticket()
     local top = 0
     local metas = redis.call('HGETALL', K_META)
     for j = 2, #metas, 2 do
-      local t = decode(metas[j]).t
+      local m = decode(metas[j])
+      local t = m.t
       if t and t > top then top = t end
+      if m.a then
+        local c = m.p or 0
+        SERVED = SERVED or {}
+        if not SERVED[c] or t > SERVED[c] then SERVED[c] = t end
+      end
     end
     local last = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
     if #last > 0 and tonumber(last[2]) > top then top = tonumber(last[2]) end
