@@ -136,7 +136,8 @@ pub async fn connect(g: &Global) -> Result<redsem::Client, Failure> {
 pub async fn connect_raw(g: &Global) -> Result<redsem::Client, redsem::Error> {
     let mut b = redsem::Client::builder(normalize_url(&g.redis_url()))
         .prefix(&g.prefix)
-        .connect_timeout(g.connect_timeout);
+        .connect_timeout(g.connect_timeout)
+        .scripts_only(g.scripts_only);
     if let Some(ca) = &g.tls_ca {
         b = b.tls_ca(ca);
     }

@@ -84,6 +84,17 @@ pub struct Global {
     )]
     pub connect_timeout: Duration,
 
+    /// Run redsem's scripts with EVALSHA instead of its Redis Functions library (FCALL). Not
+    /// needed to get them where the library cannot be used: redsem falls back by itself.
+    #[arg(
+        long,
+        env = "REDSEM_SCRIPTS_ONLY",
+        value_parser = clap::builder::FalseyValueParser::new(),
+        global = true,
+        help_heading = "Connection"
+    )]
+    pub scripts_only: bool,
+
     /// TLS: trust only the CA certificates in this PEM file (default: the system's roots).
     #[arg(
         long,
@@ -155,6 +166,9 @@ enum Command {
     Delete(DeleteArgs),
     /// Serve Prometheus metrics of every semaphore under the prefix.
     Exporter(ExporterArgs),
+    /// Load redsem's Redis Functions library (on a cluster, on every master), as a user
+    /// allowed FUNCTION LOAD, for applications that may not load it (docs/security.md).
+    LoadLibrary,
 }
 
 /// Arguments of `redsem run`.
@@ -577,6 +591,7 @@ where
             Command::Release(a) => show::release(&g, a).await,
             Command::Delete(a) => show::delete(&g, a).await,
             Command::Exporter(a) => exporter::serve(&g, a).await,
+            Command::LoadLibrary => show::load_library(&g).await,
         }
     });
     // Background tasks (renewals, subscriber) stop with the runtime.

@@ -304,6 +304,14 @@ pub async fn delete(g: &Global, a: DeleteArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// `redsem load-library`: loads redsem's Functions library and prints its name.
+pub async fn load_library(g: &Global) -> Result<u8, Failure> {
+    let client = common::connect(g).await?;
+    let name = client.load_library().await?;
+    out!("loaded redsem's Functions library {name}\n");
+    Ok(0)
+}
+
 /// `redsem release NAME --holder ID`: releases a holder, or removes a waiter from the queue.
 pub async fn release(g: &Global, a: ReleaseArgs) -> Result<u8, Failure> {
     let client = common::connect(g).await?;

@@ -10,14 +10,14 @@ use common::*;
 /// The rule of docs/security.md (crates/redsem/tests/acl.rs checks that the documentation
 /// shows it, and that every permission in it is needed).
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
-+evalsha +evalsha_ro +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++fcall +fcall_ro +function|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
 
 /// The read-only rule of docs/security.md, for monitoring.
 const MONITOR_RULE: &str = "resetkeys %R~redsem:* resetchannels -@all \
-+evalsha_ro +script|load +ping +scan +select +time +exists +hmget +hlen +hscan \
++fcall_ro +ping +scan +select +time +exists +hmget +hlen +hscan \
 +zcard +zrange +zrangebyscore +zrangebylex +zscore +cluster|slots";
 
 fn without(cmd: &str) -> String {
@@ -38,6 +38,8 @@ fn server() -> Server {
                 format!("user nopop on >pw {}", without("zpopmin")),
                 format!("user noscan on >pw {}", without("scan")),
                 format!("user noselect on >pw {}", without("select")),
+                format!("user strict on >pw {}", without("function|load")),
+                "user loader on >pw resetkeys resetchannels -@all +function|load +ping".into(),
             ],
             password: Some("admin".into()),
             ..Default::default()
@@ -170,4 +172,31 @@ fn a_missing_permission_is_named_on_stderr() {
     assert_eq!(code(&out), 125);
     let err = stderr(&out);
     assert!(err.contains("scan"), "{err}");
+}
+
+/// Applications that may not load code: `load-library`, run as the loader of
+/// docs/security.md, installs the library they then call; before that they fail saying so.
+#[test]
+fn load_library_installs_the_library_for_a_strict_application() {
+    let server = server();
+    let out = run(as_user(&server, "strict").args(["run", "strict", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(stderr(&out).contains("load-library"), "{}", stderr(&out));
+    let out = run(as_user(&server, "loader").args(["load-library"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("loaded redsem's Functions library redsem_"),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(as_user(&server, "strict").args(["run", "strict", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // and one that asks for the scripts gets them where they are allowed
+    let out = run(as_user(&server, "strict").args(["--scripts-only", "stats", "strict"]));
+    assert_eq!(
+        code(&out),
+        125,
+        "EVALSHA_RO is not in the rule: {}",
+        stderr(&out)
+    );
 }

@@ -52,6 +52,26 @@ impl Client {
         Ok(names.into_iter().collect())
     }
 
+    /// Loads redsem's Redis Functions library (on a cluster, on every master) and returns its
+    /// name, `redsem_<hash of its text>`: for the user that installs it where the
+    /// applications' user may not (`FUNCTION LOAD`; the CLI's `load-library`; the rules are in
+    /// docs/security.md). Idempotent; a library of another redsem version stays (each client
+    /// calls its own). Not needed otherwise: a client whose call finds the library missing
+    /// loads it itself, or runs the scripts where it may not (see
+    /// [`ClientBuilder::scripts_only`](crate::ClientBuilder::scripts_only)). One round trip
+    /// per master.
+    ///
+    /// # Errors
+    /// [`Error::NoPermission`] when the user may not run `FUNCTION LOAD`; [`Error::Backend`]
+    /// when the server has no Functions (Redis before 7.0) or refuses the library;
+    /// connection errors.
+    pub async fn load_library(&self) -> Result<String, Error> {
+        let mut conn = self.inner.conn.clone();
+        protocol::install_library(&mut conn)
+            .await
+            .map_err(|e| Error::from_call(e, "(the Functions library)"))
+    }
+
     /// A consistent snapshot of the existing semaphore `name`, as
     /// [`Semaphore::stats`](crate::Semaphore::stats) returns it, without knowing its limit.
     /// Never creates the semaphore. One round trip.

@@ -145,6 +145,7 @@ pub struct ClientBuilder {
     tls_cert: Option<Pem>,
     tls_key: Option<Pem>,
     synced: Option<(u32, Duration)>,
+    scripts_only: bool,
 }
 
 /// A PEM file, or its contents.
@@ -191,6 +192,7 @@ impl ClientBuilder {
             tls_cert: None,
             tls_key: None,
             synced: None,
+            scripts_only: false,
         }
     }
 
@@ -255,6 +257,23 @@ impl ClientBuilder {
         self
     }
 
+    /// Runs redsem's scripts with `EVALSHA` (sent once per server with `SCRIPT LOAD`) instead
+    /// of its Redis Functions library (default `false`: the library, `FCALL`).
+    ///
+    /// With the library, each call only runs the operation's function: its helpers were
+    /// created once, when the library was loaded (`FUNCTION LOAD`, once per server and
+    /// version, by the first client that finds it missing), where a script re-creates them on
+    /// every call; that saves Redis CPU on every call (the README's benchmark shows both
+    /// paths). A client falls back to the scripts by itself, with one log line, where the
+    /// library cannot be used (Redis before 7.0, an ACL or a managed service that refuses
+    /// `FCALL` or `FUNCTION LOAD`: docs/security.md gives the rules); set this to skip the
+    /// attempt. Both run the same code on the same keys: clients of either kind share a
+    /// semaphore.
+    pub fn scripts_only(mut self, scripts_only: bool) -> Self {
+        self.scripts_only = scripts_only;
+        self
+    }
+
     /// Synced mode: after every grant, wait (Redis `WAIT`) until `replicas` replicas of the
     /// master have the grant, for at most `timeout`. If fewer acknowledge in time, the permit
     /// is released and the acquire fails with [`Error::NotReplicated`].
@@ -307,6 +326,7 @@ impl ClientBuilder {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             synced: self.synced,
+            scripts_only: self.scripts_only,
         })
         .await?;
         Ok(Client {

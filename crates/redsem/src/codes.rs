@@ -33,6 +33,9 @@ pub(crate) enum Code {
     WrongPass,
     /// The server does not know the script (`NOSCRIPT`): load it and send it again.
     NoScript,
+    /// The server does not know the function (`Function not found`: the library of this
+    /// version is not loaded there): load it and send the call again.
+    NoFunction,
     /// Anything else.
     Other,
 }
@@ -70,6 +73,7 @@ impl Code {
             "NOAUTH" => Code::NoAuth,
             "WRONGPASS" => Code::WrongPass,
             "NOSCRIPT" => Code::NoScript,
+            _ if text.contains("Function not found") => Code::NoFunction,
             // errors raised inside a script come with the script's code first (ERR): the
             // server's own code is in the text
             _ if text.contains("WRONGTYPE") => Code::WrongType,
@@ -87,6 +91,40 @@ impl Code {
     }
 }
 
+/// Whether `err`, the failure of a `FUNCTION LOAD`, means that the Functions library cannot be
+/// loaded on this server (then redsem runs its scripts): the command is unknown (Redis before
+/// 7.0, servers without functions) or refused (ACL, a managed service), the scripting engine
+/// is missing, or the library does not load. Not a server that cannot serve now
+/// ([`Code::Unavailable`]) or a failed login.
+pub(crate) fn refuses_library(err: &RedisError) -> bool {
+    !matches!(
+        Code::of(err),
+        Code::Unavailable | Code::NoAuth | Code::WrongPass
+    )
+}
+
+/// Whether `err`, the failure of an `FCALL`/`FCALL_RO`, refuses the command itself (unknown
+/// to the server, or not allowed by the ACL): the scripts may still be allowed. A refused key
+/// or channel, which a script needs too, is not such a refusal.
+/// (`code` and `text` as in [`Code::of_reply`].)
+pub(crate) fn refuses_fcall(code: &str, text: &str) -> bool {
+    refuses_command(code, text, "fcall")
+}
+
+/// [`refuses_fcall`] for the scripts' `EVALSHA`/`EVALSHA_RO`.
+pub(crate) fn refuses_evalsha(code: &str, text: &str) -> bool {
+    refuses_command(code, text, "evalsha")
+}
+
+/// Whether the error refuses the command `cmd` (or `<cmd>_ro`) itself: unknown, or denied.
+fn refuses_command(code: &str, text: &str, cmd: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    let named = [format!("'{cmd}"), format!("`{cmd}")]
+        .iter()
+        .any(|c| lower.contains(c.as_str()));
+    named && (Code::of_reply(code, text) == Code::NoPermission || lower.contains("unknown command"))
+}
+
 /// What an error raised by a redsem script says, without what Redis appends
 /// (" script: <sha>, on @user_script:<line>.").
 pub(crate) fn script_detail(err: &RedisError) -> String {
@@ -102,6 +140,43 @@ pub(crate) fn script_detail(err: &RedisError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_of_the_functions_library_are_told_apart() {
+        assert_eq!(
+            Code::of_reply("ERR", "Function not found"),
+            Code::NoFunction
+        );
+        // the command itself: the scripts may be allowed
+        assert!(refuses_fcall(
+            "NOPERM",
+            "User app has no permissions to run the 'fcall' command"
+        ));
+        assert!(refuses_fcall(
+            "NOPERM",
+            "User mon has no permissions to run the 'fcall_ro' command"
+        ));
+        assert!(refuses_fcall(
+            "ERR",
+            "unknown command 'FCALL', with args beginning with: 'redsem_x_acquire' "
+        ));
+        // a key or channel: a script needs it too
+        assert!(!refuses_fcall(
+            "NOPERM",
+            "No permissions to access a key script: redsem_x_acquire, on @user_function:3."
+        ));
+        assert!(!refuses_fcall("WRONGTYPE", "Operation against a key"));
+        assert!(refuses_evalsha(
+            "NOPERM",
+            "User app has no permissions to run the 'evalsha_ro' command"
+        ));
+        assert!(!refuses_evalsha(
+            "NOPERM",
+            "User app has no permissions to run the 'fcall' command"
+        ));
+        let io = RedisError::from(std::io::Error::new(std::io::ErrorKind::TimedOut, "t"));
+        assert!(!refuses_library(&io));
+    }
 
     #[test]
     fn codes_and_texts_are_read_once() {

@@ -155,4 +155,5 @@ pub mod internals {
     pub use crate::core::margin;
     pub use crate::protocol::ids::session_id;
     pub use crate::protocol::keys::Keys;
+    pub use crate::protocol::script_source;
 }

@@ -10,16 +10,25 @@ use test_support::{Cluster, ClusterOptions, Server, ServerOptions, flavors};
 /// The rule, as documented (docs/security.md, README "Security"); the test below checks that
 /// the documentation shows exactly this.
 const RULE: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all \
-+evalsha +evalsha_ro +script|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
++fcall +fcall_ro +function|load +ping +subscribe +unsubscribe +ssubscribe +sunsubscribe \
 +time +exists +del +hget +hmget +hset +hdel +hlen +hexists +hgetall +hscan +info +pttl +pexpire \
 +zadd +zrem +zcard +zrange +zrangebyscore +zremrangebyscore +zrangebylex +zscore +zpopmin \
 +publish +spublish +scan +select +cluster|slots +role +wait";
 
 /// The read-only rule for monitoring (docs/security.md): read access to the keys (`%R~`),
-/// read-only scripts (`EVALSHA_RO`) and the read commands they call, and nothing that writes.
+/// read-only functions (`FCALL_RO`) and the read commands they call, and nothing that writes.
 const MONITOR_RULE: &str = "resetkeys %R~redsem:* resetchannels -@all \
-+evalsha_ro +script|load +ping +scan +select +time +exists +hmget +hlen +hscan \
++fcall_ro +ping +scan +select +time +exists +hmget +hlen +hscan \
 +zcard +zrange +zrangebyscore +zrangebylex +zscore +cluster|slots";
+
+/// The rule of the user that installs redsem's Functions library (docs/security.md), for
+/// applications whose rule is [`RULE`] without `+function|load`.
+const LOADER_RULE: &str = "resetkeys resetchannels -@all +function|load +ping";
+
+/// The rule of applications that may not load the library themselves.
+fn strict_rule() -> String {
+    rule_without(RULE, "function|load")
+}
 
 /// Commands of the rule that only a cluster, Sentinel, synced mode, a dropped handle or the
 /// repair of a lost key (`hgetall`) use: the standalone scenario below cannot show that each
@@ -180,8 +189,8 @@ async fn every_permission_of_the_rule_is_needed_and_its_absence_is_named() {
             },
         );
         for (i, cmd) in scenario_commands.iter().enumerate() {
-            // scripts loaded by an earlier user would hide a missing `script|load`
-            server.cmd(&["SCRIPT", "FLUSH"]);
+            // a library loaded by an earlier user would hide a missing `function|load`
+            server.cmd(&["FUNCTION", "FLUSH", "SYNC"]);
             let name = format!("acl-{i}");
             // on database 1, where the client needs SELECT
             let err = match scenario(&url_db1(&server, &format!("no{i}")), &name).await {
@@ -358,8 +367,6 @@ async fn a_read_only_user_monitors_and_cannot_write() {
         }
         // every permission of its rule is needed, and its absence named
         for (i, cmd) in monitor_commands.iter().enumerate() {
-            server.cmd(&["SCRIPT", "FLUSH"]);
-            // (the app's scripts reloaded: a missing `script|load` shows only without them)
             let err = match monitor(&url(&server, &format!("m{i}")), "watched").await {
                 Ok(_) => panic!("{flavor}: a monitor without {cmd} could do everything"),
                 Err(e) => e,
@@ -389,10 +396,63 @@ fn the_documentation_shows_exactly_this_rule() {
     for line in [
         format!("ACL SETUSER redsem-app on >CHANGE-ME {RULE}"),
         format!("ACL SETUSER redsem-monitor on >CHANGE-ME {MONITOR_RULE}"),
+        format!("ACL SETUSER redsem-loader on >CHANGE-ME {LOADER_RULE}"),
     ] {
         assert!(
             docs.iter().any(|d| d.contains(&line)),
             "neither docs/security.md nor README.md shows the rule:\n{line}"
         );
+    }
+}
+
+/// Applications that may not load code: their rule lacks `+function|load`, and a separate
+/// user installs the library (`Client::load_library`, the CLI's `load-library`). Until it
+/// is installed, they fail with an error that says so; then they call its functions.
+#[tokio::test]
+async fn a_loader_installs_the_library_for_applications_that_may_not() {
+    for flavor in flavors() {
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                acl_users: vec![
+                    user_line("app", &strict_rule()),
+                    user_line("loader", LOADER_RULE),
+                ],
+                password: Some("admin".into()),
+                ..Default::default()
+            },
+        );
+        let err = scenario(&url(&server, "app"), "acl-strict")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{flavor}: {err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("FUNCTION LOAD") && text.contains("load-library"),
+            "{flavor}: {text}"
+        );
+        let loader = connect(&url(&server, "loader")).await.unwrap();
+        let library = loader
+            .load_library()
+            .await
+            .unwrap_or_else(|e| panic!("{flavor}: {e}"));
+        assert!(library.starts_with("redsem_"), "{library}");
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        scenario(&url(&server, "app"), "acl-strict-2")
+            .await
+            .unwrap_or_else(|e| panic!("{flavor}: {e}"));
+        let info = server.cmd(&["INFO", "commandstats"]);
+        let info = info.as_str().unwrap_or_default();
+        assert!(info.contains("cmdstat_fcall:"), "{flavor}: {info}");
+        // (none run: the EVALSHA of the first client, whose background releases go on
+        // after its failure, are refused)
+        assert!(
+            !info.contains("cmdstat_evalsha:calls=") || info.contains("cmdstat_evalsha:calls=0,"),
+            "{flavor}: {info}"
+        );
+        // the applications' user may not load it
+        let app = connect(&url(&server, "app")).await.unwrap();
+        let err = app.load_library().await.unwrap_err();
+        assert!(matches!(err, Error::NoPermission(_)), "{flavor}: {err:?}");
     }
 }

@@ -11,9 +11,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// The commands a client sends to run a script (one per script call).
-const SCRIPT_CALLS: [&str; 4] = ["evalsha", "evalsha_ro", "fcall", "fcall_ro"];
-
 /// `(script calls, their usec, commands run inside the scripts)` in `stats`.
 fn script_cost(stats: &HashMap<String, (u64, u64)>) -> (u64, u64, u64) {
     let mut calls = 0;
@@ -35,7 +32,6 @@ fn script_cost(stats: &HashMap<String, (u64, u64)>) -> (u64, u64, u64) {
             "hello",
             "client|setinfo",
             "client|setname",
-            "eval",
             "eval_ro",
         ]
         .contains(&name.as_str())

@@ -261,12 +261,9 @@ async fn a_permit_whose_grant_was_lost_does_not_adopt_a_fresh_grant() {
     }
 }
 
-/// A script of the crate, as a client sends it (the prelude, a newline, its body).
+/// A script of the crate, as a client sends it.
 fn script(body: &str) -> String {
-    format!(
-        "{}\n{body}",
-        include_str!("../src/protocol/lua/prelude.lua")
-    )
+    redsem::internals::script_source(body)
 }
 
 /// Runs `body` on the semaphore `name` as a client would (the seven keys, the common header
@@ -494,9 +491,17 @@ async fn a_lost_configuration_keeps_the_highest_ticket_granted_in_each_class() {
                 acquire,
                 &["1", id, "1", lease, lease, "h.0", "x", "try", class],
             );
-            assert!(format!("{r:?}").starts_with("Array([Array([Int(1)"), "{r:?}");
+            assert!(
+                format!("{r:?}").starts_with("Array([Array([Int(1)"),
+                "{r:?}"
+            );
         }
-        let served = |field: &str| server.cmd(&["HGET", &cfg, field]).as_str().map(str::to_owned);
+        let served = |field: &str| {
+            server
+                .cmd(&["HGET", &cfg, field])
+                .as_str()
+                .map(str::to_owned)
+        };
         assert_eq!(served("s0").as_deref(), Some("3"));
         assert_eq!(served("s2").as_deref(), Some("2"));
         server.cmd(&["DEL", &cfg]);
@@ -508,7 +513,10 @@ async fn a_lost_configuration_keeps_the_highest_ticket_granted_in_each_class() {
             acquire,
             &["1", "h.0-4", "1", lease, lease, "h.0", "x", "try", "0"],
         );
-        assert!(!format!("{r:?}").starts_with("Array([Array([Int(1)"), "{r:?}");
+        assert!(
+            !format!("{r:?}").starts_with("Array([Array([Int(1)"),
+            "{r:?}"
+        );
         assert_eq!(served("s0").as_deref(), Some("3"), "{}", server.flavor());
         assert_eq!(served("s2").as_deref(), Some("2"), "{}", server.flavor());
     }

@@ -13,11 +13,6 @@ use redsem::{LostReason, Permit, Semaphore};
 const LEASE: Duration = Duration::from_millis(900);
 const RENEW: Duration = Duration::from_millis(300);
 
-/// Script calls so far.
-fn script_calls(server: &Server) -> u64 {
-    calls(server, "evalsha") + calls(server, "eval")
-}
-
 /// Opens `names` through `client`, renewed every [`RENEW`], and takes a permit of each.
 async fn hold_all(client: &redsem::Client, names: &[String]) -> Vec<(Semaphore, Permit)> {
     let mut out = Vec::new();

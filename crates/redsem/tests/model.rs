@@ -20,9 +20,8 @@ use common::*;
 use proptest::prelude::*;
 use redis::Value;
 
-const PRELUDE: &str = include_str!("../src/protocol/lua/prelude.lua");
 fn script(body: &str) -> redis::Script {
-    redis::Script::new(&format!("{PRELUDE}\n{body}"))
+    redis::Script::new(&redsem::internals::script_source(body))
 }
 
 #[derive(Clone, Debug)]

@@ -45,7 +45,7 @@ async fn waiting_tasks_cost_redis_nothing_per_task() {
         server.cmd(&["CONFIG", "RESETSTAT"]);
         // four leases: without renewals, every waiter would have been reaped
         tokio::time::sleep(Duration::from_millis(3600)).await;
-        let (scripts, records_read) = (calls(&server, "evalsha"), calls(&server, "hget"));
+        let (scripts, records_read) = (script_calls(&server), calls(&server, "hget"));
         assert!(
             scripts <= 40,
             "{}: {scripts} script calls in 12 renewal intervals",

@@ -270,7 +270,7 @@ pub(super) async fn watch(
 }
 
 impl Watch {
-    /// `redis_cpu_pct`, `script_calls_per_s`, `evalsha_per_s`, `redis_cmds_per_s`,
+    /// `redis_cpu_pct`, `script_calls_per_s`, `redis_cmds_per_s`,
     /// `client_cpu_pct`, `window_s`.
     pub fn record(&self, fig: &mut std::collections::BTreeMap<String, f64>) {
         let t = self.window_s;
@@ -284,8 +284,6 @@ impl Watch {
             "script_calls_per_s".into(),
             delta(RedisSnapshot::script_calls) as f64 / t,
         );
-        let evalsha = |s: &RedisSnapshot| s.commandstats.get("evalsha").copied().unwrap_or(0);
-        fig.insert("evalsha_per_s".into(), delta(evalsha) as f64 / t);
         fig.insert(
             "redis_cmds_per_s".into(),
             delta(RedisSnapshot::work_commands) as f64 / t,

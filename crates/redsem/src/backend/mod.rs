@@ -54,6 +54,8 @@ pub(crate) struct Backend {
     certs: Option<Certs>,
     connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// Run redsem's scripts as scripts (`EVALSHA`), never as the Functions library.
+    pub(crate) scripts_only: bool,
 }
 
 fn uses_tls(topology: &Topology) -> bool {
@@ -100,6 +102,7 @@ impl Backend {
             topology,
             connect_timeout,
             response_timeout,
+            scripts_only: false,
         })
     }
 
@@ -229,10 +232,10 @@ impl Backend {
     /// Connects the command connection.
     pub(crate) async fn connect(&self, stop: &CancellationToken) -> Result<Conn, Error> {
         let map = |e: RedisError| Error::from_server(e);
-        Ok(match &self.topology {
+        let link = match &self.topology {
             Topology::Standalone(info) => {
                 let client = client_for(info.clone(), &self.certs).map_err(map)?;
-                Conn::Standalone(
+                Link::Standalone(
                     ConnectionManager::new_with_config(client, self.manager_config())
                         .await
                         .map_err(map)?,
@@ -240,10 +243,10 @@ impl Backend {
             }
             Topology::Cluster(nodes) => {
                 let client = self.cluster_builder(nodes).build().map_err(map)?;
-                Conn::Cluster(client.get_async_connection().await.map_err(map)?)
+                Link::Cluster(client.get_async_connection().await.map_err(map)?)
             }
             #[allow(clippy::clone_on_copy)] // Certs is Copy only without the tls feature
-            Topology::Sentinel(spec) => Conn::Sentinel(
+            Topology::Sentinel(spec) => Link::Sentinel(
                 Sentinel::connect(
                     spec.clone(),
                     self.certs.clone(),
@@ -253,6 +256,10 @@ impl Backend {
                 )
                 .await?,
             ),
+        };
+        Ok(Conn {
+            link,
+            scripting: Arc::new(Scripting::new(self.scripts_only)),
         })
     }
 
@@ -276,7 +283,7 @@ impl Backend {
                 SubConn::Cluster(client.get_async_connection().await.map_err(map)?)
             }
             Topology::Sentinel(_) => {
-                let Conn::Sentinel(s) = conn else {
+                let Some(s) = conn.sentinel() else {
                     unreachable!("a Sentinel topology has a Sentinel connection")
                 };
                 SubConn::Single(s.connect_subscriber(tx).await.map_err(map)?)
@@ -297,20 +304,69 @@ impl Backend {
     }
 }
 
-/// The command connection: every script runs on it, pipelined with the others.
+/// The command connection: every script runs on it, pipelined with the others. Its clones
+/// share the link and what was learned about the server's scripting ([`Scripting`]).
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    link: Link,
+    scripting: Arc<Scripting>,
+}
+
+#[derive(Clone)]
+enum Link {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
     Sentinel(Arc<Sentinel>),
 }
 
+/// How redsem's scripts run on a connection's server(s): as the functions of redsem's Redis
+/// Functions library (`FCALL`), or as scripts (`EVALSHA`) when the library cannot be used
+/// there (the protocol decides, and says why once) or the client asked for scripts.
+pub(crate) struct Scripting {
+    /// The client asked for the scripts.
+    forced: bool,
+    /// Why the library cannot be used here, once a call found out (then the scripts run).
+    refused: std::sync::Mutex<Option<String>>,
+}
+
+impl Scripting {
+    /// Functions first, or scripts only.
+    pub(crate) fn new(scripts_only: bool) -> Scripting {
+        Scripting {
+            forced: scripts_only,
+            refused: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether calls use the scripts (else the Functions library).
+    pub(crate) fn scripts(&self) -> bool {
+        self.forced || self.refused.lock().unwrap().is_some()
+    }
+
+    /// Why the library cannot be used here, if a call found that it cannot (`None` too when
+    /// the client asked for the scripts).
+    pub(crate) fn refused(&self) -> Option<String> {
+        self.refused.lock().unwrap().clone()
+    }
+
+    /// Uses the scripts from now on, because the library was refused (`why`); `true` if this
+    /// changed it (the caller then says why, once).
+    pub(crate) fn use_scripts(&self, why: &str) -> bool {
+        let mut refused = self.refused.lock().unwrap();
+        if self.forced || refused.is_some() {
+            return false;
+        }
+        *refused = Some(why.to_owned());
+        true
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Standalone(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-            Conn::Sentinel(s) => {
+        match &mut self.link {
+            Link::Standalone(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Sentinel(s) => {
                 let s = s.clone();
                 Box::pin(async move {
                     s.request(|mut c| async move { c.req_packed_command(cmd).await })
@@ -326,10 +382,10 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Sentinel(s) => {
+        match &mut self.link {
+            Link::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Sentinel(s) => {
                 let s = s.clone();
                 Box::pin(async move {
                     s.request(|mut c| async move {
@@ -342,19 +398,32 @@ impl ConnectionLike for Conn {
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Standalone(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-            Conn::Sentinel(s) => s.db(),
+        match &self.link {
+            Link::Standalone(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+            Link::Sentinel(s) => s.db(),
         }
     }
 }
 
 impl Conn {
+    /// The Sentinel that names this connection's master, if it follows one.
+    pub(crate) fn sentinel(&self) -> Option<&Arc<Sentinel>> {
+        match &self.link {
+            Link::Sentinel(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// How scripts run on this connection (shared by its clones).
+    pub(crate) fn scripting(&self) -> &Scripting {
+        &self.scripting
+    }
+
     /// `SCAN MATCH pattern` over every master (one page at a time per master), deduplicated.
     pub(crate) async fn scan_match(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
-        let mut out = match self {
-            Conn::Cluster(c) => cluster::scan_masters(c, pattern).await?,
+        let mut out = match &mut self.link {
+            Link::Cluster(c) => cluster::scan_masters(c, pattern).await?,
             _ => {
                 let mut out = Vec::new();
                 let mut cursor: u64 = 0;
@@ -381,8 +450,8 @@ impl Conn {
     /// one server (or the current Sentinel master), those of one hash slot on a cluster (a
     /// script's keys must share a slot there).
     pub(crate) fn node_of(&self, key: &str) -> Node {
-        match self {
-            Conn::Cluster(_) => Node::Slot(Slot::for_key(key)),
+        match &self.link {
+            Link::Cluster(_) => Node::Slot(Slot::for_key(key)),
             _ => Node::Single,
         }
     }
@@ -393,8 +462,8 @@ impl Conn {
         key: &str,
         pipeline: &Pipeline,
     ) -> RedisResult<Vec<Value>> {
-        match self {
-            Conn::Cluster(c) => cluster::pipeline_on_key(c, key, pipeline).await,
+        match &mut self.link {
+            Link::Cluster(c) => cluster::pipeline_on_key(c, key, pipeline).await,
             _ => pipeline.query_async(self).await,
         }
     }

@@ -58,6 +58,8 @@ pub(crate) struct ConnectSettings {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) synced: Option<(u32, Duration)>,
+    /// Run redsem's scripts as scripts, never as the Functions library.
+    pub(crate) scripts_only: bool,
 }
 
 impl Context {
@@ -67,7 +69,8 @@ impl Context {
     /// up to a second more).
     pub(crate) async fn connect(s: ConnectSettings) -> Result<Context, Error> {
         let shown = redact_url(&s.url);
-        let backend = Backend::new(&s.url, s.pems, s.connect_timeout, s.response_timeout)?;
+        let mut backend = Backend::new(&s.url, s.pems, s.connect_timeout, s.response_timeout)?;
+        backend.scripts_only = s.scripts_only;
         let stop = CancellationToken::new();
         let connect = async {
             let conn = backend.connect(&stop).await?;

@@ -64,10 +64,7 @@ impl Notifier {
     ) -> Result<(Notifier, mpsc::UnboundedReceiver<PushInfo>), Error> {
         let (tx, rx) = mpsc::unbounded_channel();
         let sub = backend.connect_subscriber(conn, tx.clone()).await?;
-        let sentinel = match conn {
-            Conn::Sentinel(s) => Some((s.clone(), tx)),
-            _ => None,
-        };
+        let sentinel = conn.sentinel().map(|s| (s.clone(), tx));
         Ok((
             Notifier {
                 conn: RwLock::new(sub),

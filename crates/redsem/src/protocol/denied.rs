@@ -63,9 +63,12 @@ pub(super) fn script(
     ))
 }
 
-/// The line number in "... @user_script:12 ..." (Redis) / "... @user_script:12." (Valkey).
+/// The line number in "... @user_script:12 ..." (Redis) / "... @user_script:12." (Valkey), or
+/// "... @user_function:12 ..." (a function of the library: a line of the library's text).
 fn line_of(text: &str) -> Option<usize> {
-    let at = text.find("@user_script:")? + "@user_script:".len();
+    let at = ["@user_script:", "@user_function:"]
+        .iter()
+        .find_map(|m| text.find(m).map(|at| at + m.len()))?;
     let digits: String = text[at..]
         .chars()
         .take_while(char::is_ascii_digit)
@@ -139,6 +142,10 @@ mod tests {
         assert_eq!(
             line_of("ERR ACL failure in script: x script: on @user_script:7."),
             Some(7)
+        );
+        assert_eq!(
+            line_of("ERR ... script: redsem_0123456789ab_renew, on @user_function:940."),
+            Some(940)
         );
         assert_eq!(
             called_commands(

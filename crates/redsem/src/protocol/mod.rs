@@ -12,6 +12,7 @@
 mod denied;
 pub(crate) mod ids;
 pub(crate) mod keys;
+mod library;
 mod reply;
 
 use std::sync::LazyLock;
@@ -20,10 +21,11 @@ use redis::{Script, Value};
 
 pub(crate) use crate::backend::Conn;
 pub(crate) use crate::backend::Node;
-use crate::codes::Code;
+use crate::codes::{self, Code};
 use crate::error::{CallError, CallResult};
 use crate::protocol::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
+pub(crate) use library::install as install_library;
 pub(crate) use reply::{
     AcquireReply, EntryState, Grant, Notice, Opened, RemovedBy, Renewal, ResizeReply, StatsReply,
     parse_notices,
@@ -31,13 +33,28 @@ pub(crate) use reply::{
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-/// A script and its source (to name what a failing line calls).
+/// A script and its source (to name what a failing line calls); also a function of the
+/// [`library`].
 struct Lua {
+    /// Its name in errors.
     name: &'static str,
+    /// Its function's name in the library, after the library's name.
+    function: &'static str,
+    /// What follows the prelude: `begin(KEYS, ARGV)`, then the script's own code.
+    code: String,
+    /// The script: the prelude, then `code` (the `no-writes` line first for a read-only one).
     source: String,
     script: Script,
-    /// Declared `no-writes` (its first line): run with `EVALSHA_RO`.
+    /// Declared `no-writes`: run with `EVALSHA_RO` / `FCALL_RO`.
     read_only: bool,
+    /// Only removes (its first write frees memory): runs at `maxmemory` as a function too.
+    allow_oom: bool,
+}
+
+/// The script a client sends for the script file `body` (its text): the prelude, `begin`, the
+/// body (docs/PROTOCOL.md, "Calling a script").
+pub fn script_source(body: &str) -> String {
+    format!("{PRELUDE}\nbegin(KEYS, ARGV)\n{body}")
 }
 
 /// The first line of a read-only script: Redis (7.0 and later) then refuses any write in it,
@@ -45,43 +62,55 @@ struct Lua {
 const READ_ONLY: &str = "#!lua flags=no-writes";
 
 impl Lua {
-    /// `body` with the prelude (and `extra`, if any) in front of it.
-    fn new(name: &'static str, extra: &str, body: &str) -> Lua {
-        let source = if extra.is_empty() {
-            format!("{PRELUDE}\n{body}")
+    /// The script `body` (with `extra` before it, if any), called `function` in the library.
+    fn new(name: &'static str, function: &'static str, extra: &str, body: &str) -> Lua {
+        let code = if extra.is_empty() {
+            format!("begin(KEYS, ARGV)\n{body}")
         } else {
-            format!("{PRELUDE}\n{extra}\n{body}")
+            format!("begin(KEYS, ARGV)\n{extra}\n{body}")
         };
+        let source = format!("{PRELUDE}\n{code}");
+        debug_assert!(!extra.is_empty() || source == script_source(body));
         Lua {
             name,
+            function,
             script: Script::new(&source),
             source,
+            code,
             read_only: false,
+            allow_oom: false,
         }
     }
 
-    /// [`new`](Self::new), declared `no-writes` (a first line before the prelude): a
-    /// read-only script, run with `EVALSHA_RO`.
-    fn new_read_only(name: &'static str, extra: &str, body: &str) -> Lua {
-        let plain = Lua::new(name, extra, body);
+    /// [`new`](Self::new), declared `no-writes`: run with `EVALSHA_RO` / `FCALL_RO`.
+    fn new_read_only(name: &'static str, function: &'static str, extra: &str, body: &str) -> Lua {
+        let plain = Lua::new(name, function, extra, body);
         let source = format!("{READ_ONLY}\n{}", plain.source);
         Lua {
-            name,
             script: Script::new(&source),
             source,
             read_only: true,
+            ..plain
         }
     }
 
-    /// Runs the read-only script on `t` with `EVALSHA_RO` (see [`pipelined`](Self::pipelined)):
-    /// the keys, the common header, then the arguments `args` adds.
-    async fn run_read_only(
+    /// [`new`](Self::new) for a script that only removes: `allow-oom` as a function.
+    fn new_removing(name: &'static str, function: &'static str, extra: &str, body: &str) -> Lua {
+        Lua {
+            allow_oom: true,
+            ..Lua::new(name, function, extra, body)
+        }
+    }
+
+    /// Runs the script on the semaphore `t` with the common header (limit, channel base,
+    /// publish command) and the arguments `args` adds. Errors for lack of permission name
+    /// what the user may not do (see [`denied`]).
+    async fn run(
         &self,
         conn: &mut Conn,
         t: &Target<'_>,
         args: impl Fn(&mut redis::Cmd),
     ) -> CallResult<Value> {
-        debug_assert!(self.read_only);
         let values = self
             .pipelined(
                 conn,
@@ -104,34 +133,24 @@ impl Lua {
             .ok_or_else(|| reply::unexpected(&Value::Nil))
     }
 
-    /// Runs the script on the semaphore `t` with the common header (limit, channel base,
-    /// publish command) and the arguments `args` adds. Errors for lack of permission name
-    /// what the user may not do (see [`denied`]).
-    async fn run(
-        &self,
-        conn: &mut Conn,
-        t: &Target<'_>,
-        args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
-    ) -> CallResult<Value> {
-        let mut inv = self.script.prepare_invoke();
-        for k in t.keys.in_script_order() {
-            inv.key(k);
-        }
-        inv.arg(t.limit).arg(&t.keys.channel_base).arg(t.publish);
-        args(&mut inv);
-        inv.invoke_async(conn).await.map_err(|e| self.explain(e, t))
+    /// [`denied::script`] for this script, as the call ran: the library's text names the
+    /// failing line of a function, the script's of a script.
+    fn explain(&self, e: redis::RedisError, t: &Target<'_>, conn: &Conn) -> CallError {
+        let source = if conn.scripting().scripts() {
+            &self.source
+        } else {
+            &library::LIBRARY.text
+        };
+        denied::script(e, self.name, source, t.keys, t.publish)
     }
 
-    /// [`denied::script`] for this script.
-    fn explain(&self, e: redis::RedisError, t: &Target<'_>) -> CallError {
-        denied::script(e, self.name, &self.source, t.keys, t.publish)
-    }
-
-    /// Runs the script as an `EVALSHA` whose arguments (after the hash) `args` adds, followed
-    /// by the commands `then` adds, in one pipeline on the node that holds `t`'s keys.
-    /// Errors stay values, nested ones included (the script's reply is the first value; an
-    /// error of the script itself is returned, explained as [`run`](Self::run) does); a
-    /// script Redis does not know yet is loaded, and the pipeline sent again.
+    /// Runs the function (`FCALL`, or `FCALL_RO` for a read-only one) or, where the library
+    /// cannot be used, the script (`EVALSHA`/`EVALSHA_RO`) with the arguments (from the
+    /// number of keys on) that `args` adds, followed by the commands `then` adds, in one
+    /// pipeline on the node that holds `t`'s keys. Errors stay values, nested ones included
+    /// (the call's reply is the first value; an error of the call itself is returned,
+    /// explained). A library or script the server does not know yet is loaded, and the
+    /// pipeline sent again; a refused library makes the connection run the scripts.
     async fn pipelined(
         &self,
         conn: &mut Conn,
@@ -139,31 +158,56 @@ impl Lua {
         args: impl Fn(&mut redis::Cmd),
         then: impl Fn(&mut redis::Pipeline),
     ) -> CallResult<Vec<Value>> {
-        for attempt in 0..2 {
-            let mut evalsha = redis::cmd(if self.read_only {
-                "EVALSHA_RO"
+        let (mut library_loaded, mut script_loaded) = (false, false);
+        loop {
+            let functions = !conn.scripting().scripts();
+            let mut call = match (functions, self.read_only) {
+                (true, false) => redis::cmd("FCALL"),
+                (true, true) => redis::cmd("FCALL_RO"),
+                (false, false) => redis::cmd("EVALSHA"),
+                (false, true) => redis::cmd("EVALSHA_RO"),
+            };
+            if functions {
+                call.arg(library::function_name(self));
             } else {
-                "EVALSHA"
-            });
-            evalsha.arg(self.script.get_hash());
-            args(&mut evalsha);
+                call.arg(self.script.get_hash());
+            }
+            args(&mut call);
             let mut pipe = redis::pipe();
-            pipe.ignore_errors().add_command(evalsha);
+            pipe.ignore_errors().add_command(call);
             then(&mut pipe);
             let values = conn.pipeline_on_key(&t.keys.cfg, &pipe).await?;
-            match values.first() {
-                Some(Value::ServerError(e))
-                    if Code::of_reply(e.code(), &e.to_string()) == Code::NoScript
-                        && attempt == 0 =>
-                {
-                    self.load(conn).await?;
-                }
-                Some(Value::ServerError(e)) => return Err(self.explain(e.clone().into(), t)),
+            let e = match values.first() {
+                Some(Value::ServerError(e)) => e.clone(),
                 Some(_) => return Ok(values),
                 None => return Err(reply::unexpected(&Value::Array(values))),
+            };
+            let text = e.to_string();
+            let code = Code::of_reply(e.code(), &text);
+            if functions && code == Code::NoFunction && !library_loaded {
+                library_loaded = true;
+                library::load(conn).await?;
+            } else if functions && codes::refuses_fcall(e.code(), &text) {
+                library::use_scripts(conn, &text);
+            } else if !functions && code == Code::NoScript && !script_loaded {
+                script_loaded = true;
+                self.load(conn).await?;
+            } else if let Some(refused) = conn
+                .scripting()
+                .refused()
+                .filter(|_| codes::refuses_evalsha(e.code(), &text))
+            {
+                return Err(CallError::Denied(format!(
+                    "the Redis user may run neither redsem's Functions library ({refused}) nor \
+                     its scripts ({}): grant FCALL and FCALL_RO, and load the library once per \
+                     server as a user allowed FUNCTION LOAD (`redsem load-library`), or grant \
+                     EVALSHA, EVALSHA_RO and SCRIPT LOAD (docs/security.md)",
+                    text.trim()
+                )));
+            } else {
+                return Err(self.explain(e.into(), t, conn));
             }
         }
-        unreachable!("the second attempt returns")
     }
 
     async fn load(&self, conn: &mut Conn) -> redis::RedisResult<()> {
@@ -176,9 +220,9 @@ impl Lua {
 }
 
 static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("acquire", "", include_str!("lua/acquire.lua")));
+    LazyLock::new(|| Lua::new("acquire", "acquire", "", include_str!("lua/acquire.lua")));
 static RENEW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("renew", "", include_str!("lua/renew.lua")));
+    LazyLock::new(|| Lua::new("renew", "renew", "", include_str!("lua/renew.lua")));
 /// `renew.lua` for several semaphores in one call: the prelude, `renew.lua` wrapped as the
 /// function `renew_one`, then the loop over the semaphores (`renew_many.lua`).
 static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
@@ -186,30 +230,68 @@ static RENEW_MANY: LazyLock<Lua> = LazyLock::new(|| {
         "local function renew_one()\n{}\nend",
         include_str!("lua/renew.lua")
     );
-    Lua::new("renew_many", &renew_one, include_str!("lua/renew_many.lua"))
+    Lua::new(
+        "renew_many",
+        "renew_many",
+        &renew_one,
+        include_str!("lua/renew_many.lua"),
+    )
 });
 static LEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("lease", "", include_str!("lua/lease.lua")));
+    LazyLock::new(|| Lua::new("lease", "lease", "", include_str!("lua/lease.lua")));
 static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("release", "", include_str!("lua/release.lua")));
-static OPEN: LazyLock<Lua> = LazyLock::new(|| Lua::new("open", "", include_str!("lua/open.lua")));
+    LazyLock::new(|| Lua::new_removing("release", "release", "", include_str!("lua/release.lua")));
+static OPEN: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("open", "open", "", include_str!("lua/open.lua")));
 static RESIZE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("resize", "", include_str!("lua/resize.lua")));
+    LazyLock::new(|| Lua::new("resize", "resize", "", include_str!("lua/resize.lua")));
 static STATS: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new_read_only("stats", "", include_str!("lua/stats.lua")));
+    LazyLock::new(|| Lua::new_read_only("stats", "stats", "", include_str!("lua/stats.lua")));
 
 /// Prepended to a script body for the operator functions: a missing configuration means "no
 /// such semaphore" (nil reply), where the plain scripts would create it.
 const GUARD: &str = "if redis.call('EXISTS', K_CFG) == 0 then return false end";
 
-static STATS_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new_read_only("inspect", GUARD, include_str!("lua/stats.lua")));
-static RESIZE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("resize", GUARD, include_str!("lua/resize.lua")));
+static STATS_EXISTING: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new_read_only("inspect", "inspect", GUARD, include_str!("lua/stats.lua"))
+});
+static RESIZE_EXISTING: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        "resize",
+        "resize_existing",
+        GUARD,
+        include_str!("lua/resize.lua"),
+    )
+});
 static DELETE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("delete", GUARD, include_str!("lua/delete.lua")));
-static RELEASE_EXISTING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("force-release", GUARD, include_str!("lua/release.lua")));
+    LazyLock::new(|| Lua::new_removing("delete", "delete", GUARD, include_str!("lua/delete.lua")));
+static RELEASE_EXISTING: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new_removing(
+        "force-release",
+        "force_release",
+        GUARD,
+        include_str!("lua/release.lua"),
+    )
+});
+
+/// Every script of the protocol (`fence.lua`, not a semaphore's, aside): the functions of the
+/// [`library`].
+fn all() -> Vec<&'static Lua> {
+    vec![
+        &ACQUIRE,
+        &RENEW,
+        &RENEW_MANY,
+        &LEASE,
+        &RELEASE,
+        &OPEN,
+        &RESIZE,
+        &STATS,
+        &STATS_EXISTING,
+        &RESIZE_EXISTING,
+        &DELETE_EXISTING,
+        &RELEASE_EXISTING,
+    ]
+}
 
 /// What a script needs to address one semaphore: its keys, the limit to (re)create it with,
 /// and how grants are published.
@@ -377,7 +459,7 @@ pub(crate) async fn renew_many(
         .iter()
         .zip(batch)
         .map(|(v, a)| match v {
-            Value::ServerError(e) => Err(RENEW_MANY.explain(e.clone().into(), &a.target)),
+            Value::ServerError(e) => Err(RENEW_MANY.explain(e.clone().into(), &a.target, conn)),
             v => reply::renew(v, a.sessions.len(), a.ids.len()),
         })
         .collect())
@@ -554,7 +636,7 @@ pub(crate) async fn stats(
     listed: usize,
 ) -> CallResult<StatsReply> {
     let v = STATS
-        .run_read_only(conn, t, |cmd| {
+        .run(conn, t, |cmd| {
             cmd.arg(listed);
         })
         .await?;
@@ -580,7 +662,7 @@ pub(crate) async fn stats_existing(
     listed: usize,
 ) -> CallResult<Option<StatsReply>> {
     let v = STATS_EXISTING
-        .run_read_only(conn, &existing(keys, publish), |cmd| {
+        .run(conn, &existing(keys, publish), |cmd| {
             cmd.arg(listed);
         })
         .await?;

@@ -189,6 +189,15 @@ pub fn calls(server: &Server, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The commands a client sends to run one of redsem's scripts: a function of its library, or
+/// the script itself where the library cannot be used (one per call).
+pub const SCRIPT_CALLS: [&str; 5] = ["fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval"];
+
+/// Calls of redsem's scripts so far (functions and scripts, [`SCRIPT_CALLS`]).
+pub fn script_calls(server: &Server) -> u64 {
+    SCRIPT_CALLS.iter().map(|c| calls(server, c)).sum()
+}
+
 /// Kills every subscriber (pub/sub) connection of `server`; at least one must have existed.
 pub fn kill_subscribers(server: &Server) {
     assert!(

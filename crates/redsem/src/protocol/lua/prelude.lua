@@ -38,10 +38,12 @@
 --   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
 -- (renew_many works on several semaphores in one call: it points these at each in turn with
 -- its use_semaphore; every other script works on KEYS[1..7] and ARGV.)
-local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local A = ARGV -- the arguments of the semaphore worked on, laid out as ARGV
-local CH_BASE, PUB = A[2], A[3]
+-- Every value below that a call changes is set by begin() (at the end of this file), which
+-- each script and each function of the library calls first: in the library (docs/PROTOCOL.md,
+-- "The Functions library") these are created once and shared by every call.
+local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN
+local A -- the arguments of the semaphore worked on, laid out as ARGV
+local CH_BASE, PUB
 local CREATED = false -- set when this call had to (re)create the configuration
 
 -- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
@@ -907,4 +909,21 @@ local function held_reply(m)
   local f = {}
   for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
   return { 1, m.s or {}, f, m.t }
+end
+
+-- The state of a fresh call on the semaphore whose keys are `keys` (KEYS) and arguments
+-- `args` (ARGV). Called first by every script and every function of the library, before
+-- anything else: so a call never sees what an earlier one left (the library's values live
+-- as long as the library).
+local function begin(keys, args)
+  K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
+    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
+  A = args
+  CH_BASE, PUB = args[2], args[3]
+  CREATED = false
+  NOW_MS, NOW_US = nil, nil
+  SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+  CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
+  BUF, RARE = nil, nil
+  SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil
 end
