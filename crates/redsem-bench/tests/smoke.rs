@@ -221,7 +221,7 @@ fn every_design_and_scenario_runs_correctly() {
     }
 
     let results = report["results"].as_array().unwrap();
-    assert_eq!(results.len(), 6 * 5, "every scenario x design has an entry");
+    assert_eq!(results.len(), 6 * 6, "every scenario x design has an entry");
     for r in results {
         let scenario = r["scenario"].as_str().unwrap();
         let design = r["design"].as_str().unwrap();

@@ -61,6 +61,10 @@ pub struct RunArgs {
     /// hangs under libfaketime).
     #[arg(long, default_value = "redis")]
     pub flavor: String,
+    /// The workers run redsem's scripts (EVALSHA) instead of its Functions library (FCALL),
+    /// the path of servers where the library cannot be used.
+    #[arg(long)]
+    pub scripts_only: bool,
     /// Where the logs go (one directory per run inside).
     #[arg(long, default_value = "target/chaos")]
     pub out: PathBuf,
@@ -174,6 +178,7 @@ fn config(args: &RunArgs, seed: u64) -> Config {
         sems: Config::default_sems(),
         flavor,
         stall_ms: 20,
+        scripts_only: args.scripts_only,
     }
 }
 

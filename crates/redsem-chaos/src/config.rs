@@ -212,6 +212,10 @@ pub struct Config {
     pub flavor: String,
     /// A worker's stalled scheduler (no timer fired for this long) is logged as a stall.
     pub stall_ms: u64,
+    /// The workers run redsem's scripts (`ClientBuilder::scripts_only`) instead of its
+    /// Functions library: the fallback path.
+    #[serde(default)]
+    pub scripts_only: bool,
 }
 
 impl Config {

@@ -97,6 +97,7 @@ async fn main(args: WorkerArgs, cfg: Config) -> anyhow::Result<()> {
     let client = loop {
         let built = redsem::Client::builder(&args.url)
             .prefix(crate::config::PREFIX)
+            .scripts_only(cfg.scripts_only)
             .connect_timeout(Duration::from_secs(1))
             .response_timeout(Duration::from_secs(1))
             .build()

@@ -29,6 +29,7 @@ fn config() -> Config {
         sems: Config::default_sems(),
         flavor: "redis".into(),
         stall_ms: 20,
+        scripts_only: false,
     }
 }
 

@@ -34,6 +34,7 @@ fn config() -> Config {
         }],
         flavor: "redis".into(),
         stall_ms: 20,
+        scripts_only: false,
     }
 }
 

@@ -42,11 +42,25 @@ fn script_cost(stats: &HashMap<String, (u64, u64)>) -> (u64, u64, u64) {
     (calls, usec, inner)
 }
 
-/// One task acquires and releases, uncontended: the Redis time of each script call.
+/// One task acquires and releases, uncontended: the Redis time of each call, as functions of
+/// the library and as scripts.
 #[tokio::test]
 async fn acquire_release_profile() {
     for server in servers() {
-        let client = client(&server).await;
+        profile(&server, false).await;
+        profile(&server, true).await;
+    }
+}
+
+/// [`acquire_release_profile`] on `server`, through functions or scripts.
+async fn profile(server: &Server, scripts: bool) {
+    {
+        let client = redsem::Client::builder(server.url())
+            .scripts_only(scripts)
+            .build()
+            .await
+            .unwrap();
+        let path = if scripts { "scripts" } else { "functions" };
         let sem = open(&client, "cost-cycle", 4, Duration::from_secs(30)).await;
         for _ in 0..200 {
             sem.acquire().await.unwrap().release().await.unwrap();
@@ -60,7 +74,7 @@ async fn acquire_release_profile() {
             for _ in 0..N {
                 sem.acquire().await.unwrap().release().await.unwrap();
             }
-            let stats = command_stats(&server);
+            let stats = command_stats(server);
             rounds.push(script_cost(&stats));
             inner_calls = stats
                 .into_iter()
@@ -73,8 +87,8 @@ async fn acquire_release_profile() {
         rounds.sort_by_key(|r| r.1);
         let (calls, usec, inner) = rounds[1];
         println!(
-            "{}: acquire+release, 1 task, {N} cycles: {:.2} script calls/cycle, {:.2} µs per \
-             call, {:.2} µs Redis script time per cycle, {:.1} commands inside scripts per cycle \
+            "{} ({path}): acquire+release, 1 task, {N} cycles: {:.2} calls/cycle, {:.2} µs per \
+             call, {:.2} µs Redis time per cycle, {:.1} commands inside the calls per cycle \
              (rounds: {:?} µs/cycle)",
             server.flavor(),
             calls as f64 / N as f64,
@@ -87,7 +101,7 @@ async fn acquire_release_profile() {
                 .collect::<Vec<_>>()
         );
         println!(
-            "{}: commands per cycle: {}",
+            "{} ({path}): commands per cycle: {}",
             server.flavor(),
             inner_calls
                 .iter()

@@ -64,19 +64,24 @@ pub enum DesignKind {
     /// FIFO tickets + pub/sub release notification waking every local waiter, 250 ms fallback.
     #[value(name = "fifo-notify", alias = "fifo_notify")]
     FifoNotify,
-    /// The `redsem` library (FIFO, targeted wake-up).
+    /// The `redsem` library (FIFO, targeted wake-up), calling its Redis Functions library.
     #[value(name = "redsem")]
     Redsem,
+    /// The `redsem` library running its scripts (`EVALSHA`) instead of its Functions library:
+    /// the path of servers where the library cannot be used.
+    #[value(name = "redsem-scripts", alias = "redsem_scripts")]
+    RedsemScripts,
 }
 
 impl DesignKind {
     /// Every design, in table order.
-    pub const ALL: [DesignKind; 5] = [
+    pub const ALL: [DesignKind; 6] = [
         DesignKind::Counter,
         DesignKind::ZsetPoll,
         DesignKind::FifoPoll,
         DesignKind::FifoNotify,
         DesignKind::Redsem,
+        DesignKind::RedsemScripts,
     ];
 
     /// The command-line name (`zset-poll`, ...).
@@ -87,6 +92,7 @@ impl DesignKind {
             DesignKind::FifoPoll => "fifo-poll",
             DesignKind::FifoNotify => "fifo-notify",
             DesignKind::Redsem => "redsem",
+            DesignKind::RedsemScripts => "redsem-scripts",
         }
     }
 
@@ -106,7 +112,15 @@ impl DesignKind {
                 "FIFO tickets + pub/sub release notify, 250 ms fallback (reference s.3)"
             }
             DesignKind::Redsem => "redsem library: FIFO tickets, targeted wake-up",
+            DesignKind::RedsemScripts => {
+                "redsem library running its scripts (EVALSHA) instead of its Functions library"
+            }
         }
+    }
+
+    /// Whether this is the library (either path).
+    pub fn is_redsem(self) -> bool {
+        matches!(self, DesignKind::Redsem | DesignKind::RedsemScripts)
     }
 
     /// Whether a crashed holder's slot comes back (the design has a lease).
@@ -140,7 +154,9 @@ impl DesignKind {
                 DesignKind::ZsetPoll => get("zrem"),
                 DesignKind::FifoPoll => get("multi") + exec + 2 * exec,
                 DesignKind::FifoNotify => get("multi") + exec + 3 * exec + get("subscribe"),
-                DesignKind::Redsem => self::redsem::TOP_LEVEL.iter().map(|k| get(k)).sum(),
+                DesignKind::Redsem | DesignKind::RedsemScripts => {
+                    self::redsem::TOP_LEVEL.iter().map(|k| get(k)).sum()
+                }
             }
     }
 }
@@ -226,7 +242,12 @@ impl Semaphore {
             DesignKind::FifoNotify => {
                 Semaphore::FifoNotify(fifo_notify::NotifySemaphore::open(p).await?)
             }
-            DesignKind::Redsem => Semaphore::Redsem(self::redsem::RedsemSemaphore::open(p).await?),
+            DesignKind::Redsem => {
+                Semaphore::Redsem(self::redsem::RedsemSemaphore::open(p, false).await?)
+            }
+            DesignKind::RedsemScripts => {
+                Semaphore::Redsem(self::redsem::RedsemSemaphore::open(p, true).await?)
+            }
         })
     }
 
@@ -242,8 +263,9 @@ impl Semaphore {
             return Ok(vec![Semaphore::open(kind, p).await?]);
         }
         let names: Vec<String> = (0..count).map(|i| format!("{}-{i}", p.name)).collect();
-        if kind == DesignKind::Redsem {
-            let sems = self::redsem::RedsemSemaphore::open_many(p, &names).await?;
+        if kind.is_redsem() {
+            let scripts = kind == DesignKind::RedsemScripts;
+            let sems = self::redsem::RedsemSemaphore::open_many(p, &names, scripts).await?;
             return Ok(sems.into_iter().map(Semaphore::Redsem).collect());
         }
         let mut sems = Vec::with_capacity(names.len());

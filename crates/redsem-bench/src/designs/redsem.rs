@@ -33,14 +33,15 @@ pub struct RedsemSemaphore {
 
 impl RedsemSemaphore {
     /// Connects the client and opens the semaphore (SUBSCRIBE + one script).
-    pub async fn open(p: &Params) -> anyhow::Result<Self> {
-        let client = Self::client(p).await?;
+    /// With `scripts`, the client runs the scripts instead of the Functions library.
+    pub async fn open(p: &Params, scripts: bool) -> anyhow::Result<Self> {
+        let client = Self::client(p, scripts).await?;
         Self::open_with(&client, p).await
     }
 
     /// The process's client; with `synced_replicas` > 0 in synced mode (1 s to acknowledge).
-    async fn client(p: &Params) -> anyhow::Result<redsem::Client> {
-        let mut b = redsem::Client::builder(p.redis_url.as_str());
+    async fn client(p: &Params, scripts: bool) -> anyhow::Result<redsem::Client> {
+        let mut b = redsem::Client::builder(p.redis_url.as_str()).scripts_only(scripts);
         if p.synced_replicas > 0 {
             b = b.synced_replicas(p.synced_replicas, SYNCED_TIMEOUT);
         }
@@ -49,8 +50,12 @@ impl RedsemSemaphore {
 
     /// Opens one semaphore per name through one client, as a process that uses many
     /// semaphores would.
-    pub async fn open_many(p: &Params, names: &[String]) -> anyhow::Result<Vec<Self>> {
-        let client = Self::client(p).await?;
+    pub async fn open_many(
+        p: &Params,
+        names: &[String],
+        scripts: bool,
+    ) -> anyhow::Result<Vec<Self>> {
+        let client = Self::client(p, scripts).await?;
         let mut sems = Vec::with_capacity(names.len());
         for name in names {
             let p = Params {

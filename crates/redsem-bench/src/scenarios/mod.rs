@@ -413,7 +413,7 @@ pub fn selection(a: &RunArgs) -> anyhow::Result<(Vec<ScenarioKind>, Vec<DesignKi
 }
 
 fn skip_reason(kind: ScenarioKind, design: DesignKind) -> Option<String> {
-    if design == DesignKind::Redsem && !designs::redsem::AVAILABLE {
+    if design.is_redsem() && !designs::redsem::AVAILABLE {
         return Some("redsem design not yet available".into());
     }
     if kind == ScenarioKind::Memory
