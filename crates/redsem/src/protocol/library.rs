@@ -9,15 +9,25 @@
 //! versions live side by side while clients of each run, and a client only ever calls the
 //! code it was built with. Where the library cannot be used (Redis before 7.0, `FCALL` or
 //! `FUNCTION LOAD` refused by an ACL or a managed service), the client runs the same code as
-//! scripts from then on and says so once ([`use_scripts`]).
-
-use std::sync::LazyLock;
+//! scripts from then on and says so once ([`Library::use_scripts`]).
 
 use redis::Value;
 
-use super::{Conn, Lua, PRELUDE};
+use crate::backend::Conn;
 use crate::codes;
 use crate::error::{CallError, CallResult};
+
+/// One function of the library: a script as the library needs it.
+pub(super) struct Op<'a> {
+    /// Its name, after the library's (`<library>_<function>`).
+    pub(super) function: &'a str,
+    /// Its body: what follows the prelude in its script.
+    pub(super) code: &'a str,
+    /// Declared `no-writes` (called with `FCALL_RO`).
+    pub(super) read_only: bool,
+    /// Only removes: `allow-oom`.
+    pub(super) allow_oom: bool,
+}
 
 /// The library's name and text.
 pub(super) struct Library {
@@ -36,8 +46,8 @@ impl Library {
     /// then their registration, each with its flags: `no-writes` for a read-only script (run
     /// with `FCALL_RO`), `allow-oom` for those that only remove (release, delete: as scripts,
     /// Redis runs them at `maxmemory`, since their first write frees memory).
-    pub(super) fn new(ops: &[&Lua]) -> Library {
-        let mut body = format!("{PRELUDE}\n");
+    pub(super) fn new(prelude: &str, ops: &[Op<'_>]) -> Library {
+        let mut body = format!("{prelude}\n");
         for op in ops {
             body.push_str(&format!(
                 "local function f_{f}(KEYS, ARGV)\n{code}\nend\n",
@@ -65,58 +75,46 @@ impl Library {
     }
 }
 
-/// The library of this build (every script of [`super`] but `fence.lua`, which is not a
-/// semaphore's).
-pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| Library::new(&super::all()));
-
-/// The name of `op`'s function in [`LIBRARY`].
-pub(super) fn function_name(op: &Lua) -> String {
-    format!("{}_{}", LIBRARY.name, op.function)
-}
-
-/// Loads [`LIBRARY`] (on a cluster, on every master). `Ok` also when the library cannot be
-/// used there: the connection then runs the scripts ([`use_scripts`]). `Err` when the server
-/// could not answer.
-pub(super) async fn load(conn: &mut Conn) -> CallResult<()> {
-    let loaded = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&LIBRARY.text)
-        .query_async::<Value>(conn)
-        .await;
-    match loaded {
-        Ok(_) => {
-            tracing::debug!(library = %LIBRARY.name, "loaded redsem's Functions library");
-            Ok(())
+impl Library {
+    /// Loads the library (on a cluster, on every master). `Ok` also when the library cannot
+    /// be used there: the connection then runs the scripts ([`Library::use_scripts`]). `Err`
+    /// when the server could not answer.
+    pub(super) async fn load(&self, conn: &mut Conn) -> CallResult<()> {
+        match self.install(conn).await {
+            Ok(_) => {
+                tracing::debug!(library = %self.name, "loaded redsem's Functions library");
+                Ok(())
+            }
+            Err(CallError::Redis(e)) if codes::refuses_library(&e) => {
+                self.use_scripts(conn, &format!("FUNCTION LOAD failed: {e}"));
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
-        Err(e) if codes::refuses_library(&e) => {
-            use_scripts(conn, &format!("FUNCTION LOAD failed: {e}"));
-            Ok(())
-        }
-        Err(e) => Err(CallError::Redis(e)),
     }
-}
 
-/// Loads [`LIBRARY`] (on a cluster, on every master) and returns its name; unlike [`load`],
-/// a refusal is an error (for the user that installs the library: docs/security.md).
-pub(crate) async fn install(conn: &mut Conn) -> CallResult<String> {
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&LIBRARY.text)
-        .query_async::<Value>(conn)
-        .await
-        .map_err(CallError::Redis)?;
-    Ok(LIBRARY.name.clone())
-}
+    /// Loads the library (on a cluster, on every master) and returns its name; unlike
+    /// [`load`](Self::load), a refusal is an error (for the user that installs the library:
+    /// docs/security.md).
+    pub(super) async fn install(&self, conn: &mut Conn) -> CallResult<String> {
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.text)
+            .query_async::<Value>(conn)
+            .await
+            .map_err(CallError::Redis)?;
+        Ok(self.name.clone())
+    }
 
-/// Runs the scripts from now on, on `conn` and its clones; the first caller logs `why`.
-pub(super) fn use_scripts(conn: &Conn, why: &str) {
-    if conn.scripting().use_scripts(why) {
-        tracing::warn!(
-            library = %LIBRARY.name,
-            "redsem's Functions library cannot be used on this Redis ({why}): running its scripts \
-             with EVALSHA instead (the same code; `scripts_only` skips the attempt)"
-        );
+    /// Runs the scripts from now on, on `conn` and its clones; the first caller logs `why`.
+    pub(super) fn use_scripts(&self, conn: &Conn, why: &str) {
+        if conn.scripting().use_scripts(why) {
+            tracing::warn!(
+                library = %self.name,
+                "redsem's Functions library cannot be used on this Redis ({why}): running its \
+                 scripts with EVALSHA instead (the same code; `scripts_only` skips the attempt)"
+            );
+        }
     }
 }

@@ -25,7 +25,6 @@ use crate::codes::{self, Code};
 use crate::error::{CallError, CallResult};
 use crate::protocol::keys::Keys;
 pub(crate) use denied::subscription as explain_denied_subscription;
-pub(crate) use library::install as install_library;
 pub(crate) use reply::{
     AcquireReply, EntryState, Grant, Notice, Opened, RemovedBy, Renewal, ResizeReply, StatsReply,
     parse_notices,
@@ -139,7 +138,7 @@ impl Lua {
         let source = if conn.scripting().scripts() {
             &self.source
         } else {
-            &library::LIBRARY.text
+            &LIBRARY.text
         };
         denied::script(e, self.name, source, t.keys, t.publish)
     }
@@ -168,7 +167,7 @@ impl Lua {
                 (false, true) => redis::cmd("EVALSHA_RO"),
             };
             if functions {
-                call.arg(library::function_name(self));
+                call.arg(format!("{}_{}", LIBRARY.name, self.function));
             } else {
                 call.arg(self.script.get_hash());
             }
@@ -186,9 +185,9 @@ impl Lua {
             let code = Code::of_reply(e.code(), &text);
             if functions && code == Code::NoFunction && !library_loaded {
                 library_loaded = true;
-                library::load(conn).await?;
+                LIBRARY.load(conn).await?;
             } else if functions && codes::refuses_fcall(e.code(), &text) {
-                library::use_scripts(conn, &text);
+                LIBRARY.use_scripts(conn, &text);
             } else if !functions && code == Code::NoScript && !script_loaded {
                 script_loaded = true;
                 self.load(conn).await?;
@@ -274,8 +273,27 @@ static RELEASE_EXISTING: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// Every script of the protocol (`fence.lua`, not a semaphore's, aside): the functions of the
-/// [`library`].
+/// The Functions library of this build: every script of the protocol (`fence.lua`, not a
+/// semaphore's, aside) as a function.
+static LIBRARY: LazyLock<library::Library> = LazyLock::new(|| {
+    let ops: Vec<library::Op<'_>> = all()
+        .into_iter()
+        .map(|l| library::Op {
+            function: l.function,
+            code: &l.code,
+            read_only: l.read_only,
+            allow_oom: l.allow_oom,
+        })
+        .collect();
+    library::Library::new(PRELUDE, &ops)
+});
+
+/// Loads this build's Functions library (on a cluster, on every master) and returns its name.
+pub(crate) async fn install_library(conn: &mut Conn) -> CallResult<String> {
+    LIBRARY.install(conn).await
+}
+
+/// Every script of the protocol (`fence.lua`, not a semaphore's, aside).
 fn all() -> Vec<&'static Lua> {
     vec![
         &ACQUIRE,
