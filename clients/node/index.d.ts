@@ -25,6 +25,17 @@ export interface ConnectOptions {
   syncedReplicas?: number;
   /** Synced mode: how long a grant waits for its replicas. */
   syncedTimeoutMs?: number;
+  /**
+   * Run redsem's Lua code as scripts (`EVALSHA`) instead of its Redis Functions library
+   * (`FCALL`; default false). The library's helpers are created once, when it is loaded
+   * (`FUNCTION LOAD`, once per server and redsem version, by the first client that finds it
+   * missing), where a script re-creates them on every call: scripts cost Redis more CPU per
+   * call. A client falls back to the scripts by itself, with one log line, where the library
+   * cannot be used (Redis before 7.0, an ACL or a managed service that refuses `FCALL` or
+   * `FUNCTION LOAD`; docs/security.md): set this only to skip the attempt. Clients of either
+   * kind share a semaphore.
+   */
+  scriptsOnly?: boolean;
 }
 
 /**
@@ -98,6 +109,17 @@ export class Client {
   flushReleases(): Promise<void>;
   /** Names of every semaphore under the prefix, sorted (a `SCAN` of the keyspace: for operators). */
   listSemaphores(): Promise<string[]>;
+  /**
+   * Loads redsem's Redis Functions library (`FUNCTION LOAD`; on a cluster, on every master) and
+   * resolves with its name, `redsem_<hash of its text>` (each redsem version has its own): for a
+   * separate loader user where the applications' user may not load code (the rules are in
+   * docs/security.md; the CLI's `redsem load-library`). Idempotent; one round trip per master.
+   * Not needed otherwise: a client whose call finds the library missing loads it itself, or runs
+   * the scripts where it may not.
+   * @throws {NoPermissionError} the user may not run `FUNCTION LOAD`.
+   * @throws {BackendError} the server has no Functions (Redis before 7.0) or refuses the library.
+   */
+  loadLibrary(): Promise<string>;
   /** A snapshot of an existing semaphore, without opening it. @throws {UnknownSemaphoreError} */
   inspect(name: string): Promise<Stats>;
   /** Changes the limit of an existing semaphore, never creating it; see {@link Resized}. @throws {UnknownSemaphoreError} @throws {InvalidArgumentError} */

@@ -133,7 +133,7 @@ function checkKeys(what, options, known) {
 
 const CONNECT_OPTIONS = [
   'prefix', 'connectTimeoutMs', 'responseTimeoutMs', 'tlsCa', 'tlsCert', 'tlsKey',
-  'tlsCaPem', 'tlsCertPem', 'tlsKeyPem', 'syncedReplicas', 'syncedTimeoutMs',
+  'tlsCaPem', 'tlsCertPem', 'tlsKeyPem', 'syncedReplicas', 'syncedTimeoutMs', 'scriptsOnly',
 ];
 const SEMAPHORE_OPTIONS = [
   'limit', 'leaseMs', 'renewEveryMs', 'fallbackPollMs', 'localCap', 'label',
@@ -175,6 +175,7 @@ class Client {
   close() { return call(() => this.#native.close()); }
   flushReleases() { return call(() => this.#native.flushReleases()); }
   listSemaphores() { return call(() => this.#native.listSemaphores()); }
+  loadLibrary() { return call(() => this.#native.loadLibrary()); }
   inspect(name) { return call(() => this.#native.inspect(name)); }
   resizeExisting(name, limit) { return call(() => this.#native.resizeExisting(name, limit)); }
   forceReleaseExisting(name, holderId) {

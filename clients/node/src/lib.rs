@@ -281,6 +281,7 @@ pub struct ConnectOptions {
     pub tls_key_pem: Option<String>,
     pub synced_replicas: Option<f64>,
     pub synced_timeout_ms: Option<f64>,
+    pub scripts_only: Option<bool>,
 }
 
 /// Connects a client (`redsem.connect`).
@@ -328,6 +329,9 @@ pub async fn connect(url: String, options: Option<ConnectOptions>) -> Result<Cli
                     "synced mode needs both syncedReplicas and syncedTimeoutMs".into(),
                 ));
             }
+        }
+        if let Some(s) = o.scripts_only {
+            b = b.scripts_only(s);
         }
     }
     let inner = b.build().await.map_err(to_js)?;
@@ -430,6 +434,13 @@ impl Client {
     pub async fn list_semaphores(&self) -> Result<Vec<String>> {
         let c = self.inner.clone();
         c.list_semaphores().await.map_err(to_js)
+    }
+
+    /// `Client::load_library`: the library's name, `redsem_<hash>`.
+    #[napi]
+    pub async fn load_library(&self) -> Result<String> {
+        let c = self.inner.clone();
+        c.load_library().await.map_err(to_js)
     }
 
     #[napi]

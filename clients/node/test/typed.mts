@@ -7,6 +7,7 @@ export async function example(url: string): Promise<number> {
     prefix: 'redsem',
     connectTimeoutMs: 3000,
     responseTimeoutMs: 5000,
+    scriptsOnly: false,
   });
   const sem: redsem.Semaphore = await client.semaphore('licensed-api', { limit: 4, leaseMs: 10_000, label: 'web-1' });
   const controller = new AbortController();
@@ -49,6 +50,7 @@ export async function example(url: string): Promise<number> {
   const counts: redsem.LocalCounts = sem.localCounts();
   sem.close();
   const names: string[] = await client.listSemaphores();
+  const library: string = await client.loadLibrary();
   const inspected: redsem.Stats = await client.inspect('licensed-api');
   await client.resizeExisting('licensed-api', 4);
   const found: 'holder' | 'waiter' | null = await client.forceReleaseExisting('licensed-api', 'holder');
@@ -61,6 +63,6 @@ export async function example(url: string): Promise<number> {
   await client.flushReleases();
   await client.close();
   const code: number = redsem.cliMain(['--version']);
-  void [slot, signal, left, reason, out, waiting, old, now, rejected, found, added, purged, counts, names, inspected, evicted, current, client.id, client.prefix, client.isClosed, sem.availablePermits, sem.limit, sem.name, sem.isClosed];
+  void [library, slot, signal, left, reason, out, waiting, old, now, rejected, found, added, purged, counts, names, inspected, evicted, current, client.id, client.prefix, client.isClosed, sem.availablePermits, sem.limit, sem.name, sem.isClosed];
   return code;
 }

@@ -215,7 +215,7 @@ fn check_fork(py: Python<'_>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (url, *, prefix=None, connect_timeout=None, response_timeout=None,
     tls_ca=None, tls_cert=None, tls_key=None, tls_ca_pem=None, tls_cert_pem=None,
-    tls_key_pem=None, synced_replicas=None, synced_timeout=1.0))]
+    tls_key_pem=None, synced_replicas=None, synced_timeout=1.0, scripts_only=false))]
 #[allow(clippy::too_many_arguments)]
 fn connect<'py>(
     py: Python<'py>,
@@ -231,6 +231,7 @@ fn connect<'py>(
     tls_key_pem: Option<Vec<u8>>,
     synced_replicas: Option<u32>,
     synced_timeout: f64,
+    scripts_only: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     check_fork(py)?;
     let mut b = redsem::Client::builder(url);
@@ -264,6 +265,7 @@ fn connect<'py>(
     if let Some(n) = synced_replicas {
         b = b.synced_replicas(n, secs(py, "synced_timeout", synced_timeout)?);
     }
+    b = b.scripts_only(scripts_only);
     spawn(py, async move {
         let client = b.build().await.map_err(Failure::from)?;
         Ok::<_, Failure>(Client { inner: client })
@@ -368,6 +370,15 @@ impl Client {
         spawn(py, async move {
             c.list_semaphores().await.map_err(Failure::from)
         })
+    }
+
+    /// `Client::load_library`: the library's name, `redsem_<hash>`.
+    fn load_library<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.inner.clone();
+        spawn(
+            py,
+            async move { c.load_library().await.map_err(Failure::from) },
+        )
     }
 
     /// The `Stats` as JSON (the schema of `redsem stats --json`).

@@ -622,6 +622,7 @@ class Client:
         tls_key_pem: bytes | None = None,
         synced_replicas: int | None = None,
         synced_timeout: float = 1.0,
+        scripts_only: bool = False,
     ) -> Client:
         """A client that connects at its first use (no I/O here); see `redsem.connect`."""
         target = url if url is not None else default_url()
@@ -640,6 +641,7 @@ class Client:
                 tls_key_pem=tls_key_pem,
                 synced_replicas=synced_replicas,
                 synced_timeout=synced_timeout,
+                scripts_only=scripts_only,
             )
 
         return cls(connect, label)
@@ -713,6 +715,17 @@ class Client:
     async def list_semaphores(self) -> list[str]:
         """Names of the semaphores under this client's prefix (SCAN; never creates one)."""
         return await (await self._get()).list_semaphores()
+
+    async def load_library(self) -> str:
+        """Loads redsem's Redis Functions library (`FUNCTION LOAD`; on a cluster, on every
+        master) and returns its name, `redsem_<hash of its text>` (each redsem version has its
+        own): for a separate loader user where the applications' user may not load code (the
+        rules are in docs/security.md; the CLI's `redsem load-library`). Idempotent; one round
+        trip per master. Not needed otherwise: a client whose call finds the library missing
+        loads it itself, or runs the scripts where it may not. `NoPermission` when this user
+        may not run `FUNCTION LOAD`; `BackendError` when the server has no Functions (Redis
+        before 7.0) or refuses the library."""
+        return await (await self._get()).load_library()
 
     async def inspect(self, name: str) -> Stats:
         """`Stats` of an existing semaphore, never creating it (`UnknownSemaphore`)."""
@@ -799,6 +812,7 @@ async def connect(
     tls_key_pem: bytes | None = None,
     synced_replicas: int | None = None,
     synced_timeout: float = 1.0,
+    scripts_only: bool = False,
 ) -> Client:
     """Connects to Redis or Valkey. `url` (default `$REDSEM_URL`, `$REDIS_URL`,
     `redis://127.0.0.1:6379/`) chooses the deployment: `redis://host:port/db`,
@@ -808,7 +822,15 @@ async def connect(
     certificates. `prefix`: key prefix (default `redsem`). `label`: the default label of
     this client's semaphores. `connect_timeout` (default 3 s), `response_timeout` (5 s).
     `synced_replicas`: wait after each grant until that many replicas acknowledged it
-    (`WAIT`, at most `synced_timeout` seconds; `NotReplicated` otherwise)."""
+    (`WAIT`, at most `synced_timeout` seconds; `NotReplicated` otherwise).
+    `scripts_only`: run redsem's Lua code as scripts (`EVALSHA`) instead of its Redis
+    Functions library (`FCALL`, the default). The library's helpers are created once, when it
+    is loaded (`FUNCTION LOAD`, once per server and redsem version, by the first client that
+    finds it missing), where a script re-creates them on every call: scripts cost Redis more
+    CPU per call. A client falls back to the scripts by itself, with one log line, where the
+    library cannot be used (Redis before 7.0, an ACL or a managed service that refuses
+    `FCALL` or `FUNCTION LOAD`; docs/security.md): set this only to skip the attempt. Clients
+    of either kind share a semaphore."""
     client = Client.from_url(
         url,
         prefix=prefix,
@@ -823,6 +845,7 @@ async def connect(
         tls_key_pem=tls_key_pem,
         synced_replicas=synced_replicas,
         synced_timeout=synced_timeout,
+        scripts_only=scripts_only,
     )
     await client._get()
     return client

@@ -63,6 +63,11 @@ class Client:
     def list_semaphores(self) -> list[str]:
         return self._run(self._client.list_semaphores())
 
+    def load_library(self) -> str:
+        """Loads redsem's Functions library and returns its name: see
+        `redsem.Client.load_library`."""
+        return self._run(self._client.load_library())
+
     def inspect(self, name: str) -> Stats:
         return self._run(self._client.inspect(name))
 
