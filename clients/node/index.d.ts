@@ -314,16 +314,20 @@ export interface WaiterInfo {
   leaseLeftMs: number;
 }
 
-/** A consistent snapshot of one semaphore (expired entries reaped first). */
+/** A consistent snapshot of one semaphore, taken by one read-only call (entries whose lease has passed are left out, and counted as expired). */
 export interface Stats {
   name: string;
   limit: number;
   inUse: number;
   available: number;
-  /** Oldest grant first. */
+  /** Oldest grant first; at most 100 (`holderCount` counts them all). */
   holders: HolderInfo[];
-  /** In queue order. */
+  /** In queue order, from the head; at most 100 (`waiterCount` counts them all). */
   waiters: WaiterInfo[];
+  /** Every holder, listed or not. */
+  holderCount: number;
+  /** Every queued waiter, listed or not. */
+  waiterCount: number;
   grantsTotal: number;
   expiredTotal: number;
   /** Times the scripts repaired inconsistent keys (non-zero: Redis lost some of the semaphore's data). */

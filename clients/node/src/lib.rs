@@ -931,6 +931,8 @@ pub struct Stats {
     pub available: u32,
     pub holders: Vec<HolderInfo>,
     pub waiters: Vec<WaiterInfo>,
+    pub holder_count: u32,
+    pub waiter_count: u32,
     pub grants_total: i64,
     pub expired_total: i64,
     pub repairs_total: i64,
@@ -967,6 +969,8 @@ impl From<redsem::Stats> for Stats {
                     lease_left_ms: ms(w.lease_left),
                 })
                 .collect(),
+            holder_count: s.holder_count as u32,
+            waiter_count: s.waiter_count as u32,
             name: s.name,
             limit: s.limit,
             in_use: s.in_use,

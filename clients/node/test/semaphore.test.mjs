@@ -53,6 +53,8 @@ for (const { flavor, binary, skip } of flavors()) {
       const stats = await sem.stats();
       assert.equal(stats.inUse, 2);
       assert.equal(stats.available, 0);
+      assert.equal(stats.holderCount, 2);
+      assert.equal(stats.waiterCount, 0);
       assert.deepEqual(stats.holders.map((h) => h.label).filter((l) => l === 'job b'), ['job b']);
       assert.deepEqual(
         stats.holders.map((h) => h.id).sort(),

@@ -437,9 +437,10 @@ async def test_stats_lists_holders_and_waiters(server: Server, name: str) -> Non
         js = st.to_json()
         assert js["holders"][0]["fences"] == [{"slot": f.slot, "generation": f.generation} for f in p.fences]
         assert set(js) == {
-            "name", "limit", "in_use", "available", "holders", "waiters", "grants_total",
-            "expired_total", "repairs_total", "server_time_ms",
+            "name", "limit", "in_use", "available", "holders", "waiters", "holder_count",
+            "waiter_count", "grants_total", "expired_total", "repairs_total", "server_time_ms",
         }
+        assert (st.holder_count, st.waiter_count) == (len(st.holders), len(st.waiters))
         assert (await c.inspect(name)).in_use == 2
         await p.release()
         await (await w).release()

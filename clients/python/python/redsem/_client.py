@@ -72,16 +72,21 @@ class WaiterInfo:
 
 @dataclass
 class Stats:
-    """A consistent snapshot of one semaphore (`redsem::Stats`), taken by one script run."""
+    """A consistent snapshot of one semaphore (`redsem::Stats`), taken by one read-only call:
+    entries whose lease has passed are left out (and counted as expired)."""
 
     name: str
     limit: int
     in_use: int
     available: int
     holders: list[HolderInfo] = field(default_factory=list)
-    """Oldest acquisition first."""
+    """Oldest acquisition first; at most 100 (`holder_count` counts them all)."""
     waiters: list[WaiterInfo] = field(default_factory=list)
-    """In queue (FIFO) order."""
+    """In queue (FIFO) order, from the head; at most 100 (`waiter_count` counts them all)."""
+    holder_count: int = 0
+    """Every holder, listed or not."""
+    waiter_count: int = 0
+    """Every queued waiter, listed or not."""
     grants_total: int = 0
     expired_total: int = 0
     repairs_total: int = 0
@@ -131,6 +136,8 @@ class Stats:
                 )
                 for w in d["waiters"]
             ],
+            holder_count=d["holder_count"],
+            waiter_count=d["waiter_count"],
             grants_total=d["grants_total"],
             expired_total=d["expired_total"],
             repairs_total=d["repairs_total"],
