@@ -27,42 +27,10 @@ use crate::config::Config;
 use crate::events::Log;
 use crate::now_us;
 
-/// The snapshot script. Its `RECORD`, `decode` and `sess_of` are the library's (`prelude.lua`),
-/// word for word: a test compares them.
+/// The snapshot script's body. It runs after the library's own prelude
+/// (`redsem::internals::script_source`), whose `decode` reads an entry's record and `sess_of`
+/// names its session exactly as the library's scripts do; it writes nothing.
 const SNAPSHOT_LUA: &str = r#"
--- An entry's record and its session, as the library's scripts read them.
-local K_META -- (the key being read, for decode's error)
-local RECORD = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|'
-  .. '([^|]*)|([^|]*)|(.*)$'
-
-local function decode(raw)
-  local n, t, p, c, o, l, w, q, a, s, f, tail = string.match(raw, RECORD)
-  if not tail then
-    error({ err = 'REDSEM_CORRUPT unreadable record in key ' .. K_META .. ': '
-      .. string.format('%q', string.sub(raw, 1, 60)) })
-  end
-  local m = { n = tonumber(n), t = tonumber(t), c = c, l = tonumber(l), w = tonumber(w), q = q,
-    tail = tail }
-  if p ~= '' then m.p = tonumber(p) end
-  if o ~= '' then m.o = o end
-  if a ~= '' then
-    m.a = a
-    if string.find(s, ',', 1, true) then
-      local slots, fences = {}, {}
-      for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x) end
-      for x in string.gmatch(f, '[^,]+') do fences[#fences + 1] = x end
-      m.s, m.f = slots, fences
-    else
-      m.s, m.f = { tonumber(s) }, { f }
-    end
-  end
-  return m
-end
-
-local function sess_of(m)
-  return (m.o or m.c) .. '~' .. (m.s and m.l or m.w)
-end
-
 local t = redis.call('TIME')
 local res = { tonumber(t[1]) * 1000000 + tonumber(t[2]) }
 for i = 1, #KEYS, 6 do
@@ -97,7 +65,7 @@ for i = 1, #KEYS, 6 do
     local n, a, tk, s, fs, p = -1, -1, -1, '-', '-', 0
     local raw = redis.call('HGET', meta, r.id)
     if raw then
-      K_META = meta
+      K_META = meta -- (the prelude's: named in decode's error)
       local m = decode(raw)
       -- the session the record names, as the library's scripts compute it (the index may
       -- have lost it): a detached holder's is its own ('o'), else its client's
@@ -130,7 +98,7 @@ pub async fn run(url: String, cfg: Config, path: &Path, stop: CancellationToken)
             return;
         }
     };
-    let script = redis::Script::new(SNAPSHOT_LUA);
+    let script = redis::Script::new(&redsem::internals::script_source(SNAPSHOT_LUA));
     let client = match redis::Client::open(url.as_str()) {
         Ok(c) => c,
         Err(e) => {
@@ -259,57 +227,5 @@ fn record(
             join(entries),
             join(slots)
         ));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::{Path, PathBuf};
-
-    use super::SNAPSHOT_LUA;
-
-    /// The definition that starts with `start` in a Lua text, up to the first `end` (`end`
-    /// mark) after it.
-    fn definition<'a>(lua: &'a str, start: &str, end: &str) -> Option<&'a str> {
-        let from = lua.find(start)?;
-        let to = from + lua[from..].find(end)? + end.len();
-        Some(&lua[from..to])
-    }
-
-    /// The file called `name` under `dir`, at any depth.
-    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
-        for entry in std::fs::read_dir(dir).ok()?.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                if let Some(found) = find(&path, name) {
-                    return Some(found);
-                }
-            } else if path.file_name().is_some_and(|n| n == name) {
-                return Some(path);
-            }
-        }
-        None
-    }
-
-    /// The snapshot reads records and names an entry's session exactly as the library's
-    /// scripts do.
-    #[test]
-    fn the_snapshot_reads_records_and_sessions_as_the_prelude_does() {
-        let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../redsem/src");
-        let prelude = find(&lib, "prelude.lua").expect("the library's prelude.lua");
-        let prelude = std::fs::read_to_string(prelude).unwrap();
-        for (start, end) in [
-            ("local RECORD =", "(.*)$'\n"),
-            ("local function decode(", "\nend\n"),
-            ("local function sess_of(", "\nend\n"),
-        ] {
-            let ours = definition(SNAPSHOT_LUA, start, end);
-            assert!(ours.is_some(), "the snapshot script defines {start}");
-            assert_eq!(
-                ours,
-                definition(&prelude, start, end),
-                "the prelude's {start} changed"
-            );
-        }
     }
 }
