@@ -323,6 +323,9 @@ enum Link {
 /// Functions library (`FCALL`), or as scripts (`EVALSHA`) when the library cannot be used
 /// there (the protocol decides, and says why once) or the client asked for scripts.
 pub(crate) struct Scripting {
+    /// The scripts run: the client asked for them, or the library was refused (read on
+    /// every call, without the lock).
+    scripts: std::sync::atomic::AtomicBool,
     /// The client asked for the scripts.
     forced: bool,
     /// Why the library cannot be used here, once a call found out (then the scripts run).
@@ -333,6 +336,7 @@ impl Scripting {
     /// Functions first, or scripts only.
     pub(crate) fn new(scripts_only: bool) -> Scripting {
         Scripting {
+            scripts: std::sync::atomic::AtomicBool::new(scripts_only),
             forced: scripts_only,
             refused: std::sync::Mutex::new(None),
         }
@@ -340,7 +344,7 @@ impl Scripting {
 
     /// Whether calls use the scripts (else the Functions library).
     pub(crate) fn scripts(&self) -> bool {
-        self.forced || self.refused.lock().unwrap().is_some()
+        self.scripts.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Why the library cannot be used here, if a call found that it cannot (`None` too when
@@ -357,6 +361,8 @@ impl Scripting {
             return false;
         }
         *refused = Some(why.to_owned());
+        self.scripts
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         true
     }
 }

@@ -48,6 +48,9 @@ struct Lua {
     read_only: bool,
     /// Only removes (its first write frees memory): runs at `maxmemory` as a function too.
     allow_oom: bool,
+    /// `<library>_<function>`, made on the first call (the library's name depends on every
+    /// script's text).
+    function_name: std::sync::OnceLock<String>,
 }
 
 /// The script a client sends for the script file `body` (its text): the prelude, `begin`, the
@@ -78,6 +81,7 @@ impl Lua {
             code,
             read_only: false,
             allow_oom: false,
+            function_name: std::sync::OnceLock::new(),
         }
     }
 
@@ -167,7 +171,10 @@ impl Lua {
                 (false, true) => redis::cmd("EVALSHA_RO"),
             };
             if functions {
-                call.arg(format!("{}_{}", LIBRARY.name, self.function));
+                call.arg(
+                    self.function_name
+                        .get_or_init(|| format!("{}_{}", LIBRARY.name, self.function)),
+                );
             } else {
                 call.arg(self.script.get_hash());
             }
@@ -646,7 +653,8 @@ pub(crate) async fn resize(
     reply::resize(&v)
 }
 
-/// A consistent snapshot of the semaphore, read-only (`EVALSHA_RO`), listing at most
+/// A consistent snapshot of the semaphore, read-only (`FCALL_RO`, or `EVALSHA_RO` as a
+/// script), listing at most
 /// `listed` holders and waiters.
 pub(crate) async fn stats(
     conn: &mut Conn,
