@@ -73,7 +73,7 @@ impl Handle {
             slots = tracing::field::Empty,
         );
         let started = Instant::now();
-        self.acquire_untraced(ask)
+        self.acquire_untraced(Acquisition::new(ask, self.timing.lease))
             .then(move |result| match result {
                 Ok(permit) if self.ctx.synced.is_some() => {
                     Either::Left(Box::pin(self.confirm_synced(permit)))
@@ -105,63 +105,63 @@ impl Handle {
         }
     }
 
-    async fn acquire_untraced(self: &Arc<Self>, ask: Ask) -> Result<Held, Error> {
-        self.check_ask(&ask)?;
-        let Ask {
-            n,
-            try_only,
-            timeout,
-            custom,
-        } = ask;
-        // Only an acquire with a deadline carries a timer, and on the heap: a waiting acquire
-        // future stays small (one per waiting task; see the benchmark's `memory` scenario).
-        let mut deadline = timeout.map(|timeout| Deadline {
-            sleep: Box::pin(tokio::time::sleep(timeout)),
-            timeout,
-        });
-        let holder_lease = custom
-            .as_ref()
-            .and_then(|c| c.lease)
-            .unwrap_or(self.timing.lease);
-        // its session is renewed from now on, and by the permit once granted
-        let lease_use =
-            (holder_lease != self.timing.lease).then(|| self.table.use_lease(holder_lease));
-        let local = self.take_local_cap(n, try_only, deadline.as_mut()).await?;
-        let mut granted = Granted {
-            n,
-            holder_lease,
-            custom,
-            local,
-            lease_use,
-        };
-        loop {
-            let mut pending = Pending::new(self, try_only)?;
-            tracing::Span::current().record("holder", &*pending.id);
-            // Boxed like the local cap: only the wait below lives as long as the queue.
-            let step =
-                Box::pin(self.request(&mut pending, &mut granted, deadline.as_mut())).await?;
-            if let Some(done) = step {
-                return done;
-            }
-            let rx = pending
-                .rx
-                .as_mut()
-                .expect("a waiting acquire has a receiver");
-            // Closing the handle resolves the receiver (Outcome::Closed): no need to watch
-            // the token here.
-            let outcome = tokio::select! {
-                o = rx => o,
-                e = timed_out(deadline.as_mut(), self.name()) => return Err(e),
-            };
-            if let Some(done) = self.on_outcome(&mut pending, outcome, &mut granted) {
-                return done;
+    /// One acquisition. Its state lives in `acq`, captured by the future and used in place:
+    /// an `async fn` would store its argument twice (as given, and moved into the body), and
+    /// a local moved out of it or a value kept across the wait would be stored beside it (a
+    /// waiting task carries this future as long as it waits; the test `future_size` keeps
+    /// it small).
+    #[allow(clippy::manual_async_fn)] // (the point: see above)
+    fn acquire_untraced(
+        self: &Arc<Self>,
+        mut acq: Acquisition,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + '_ {
+        async move {
+            self.check_ask(acq.granted.n)?;
+            acq.start_timer();
+            // its session is renewed from now on, and by the permit once granted
+            acq.granted.lease_use = (acq.granted.holder_lease != self.timing.lease)
+                .then(|| self.table.use_lease(acq.granted.holder_lease));
+            acq.granted.local = self
+                .take_local_cap(acq.granted.n, acq.try_only, acq.deadline.as_mut())
+                .await?;
+            loop {
+                let mut pending = Pending::new(self, acq.try_only)?;
+                tracing::Span::current().record("holder", &*pending.id);
+                // Boxed like the local cap: only the wait below lives as long as the queue.
+                if let Some(done) =
+                    Box::pin(self.request(&mut pending, &mut acq.granted, acq.deadline.as_mut()))
+                        .await?
+                {
+                    return done;
+                }
+                let rx = pending
+                    .rx
+                    .as_mut()
+                    .expect("a waiting acquire has a receiver");
+                // Closing the handle resolves the receiver (Outcome::Closed): no need to
+                // watch the token here.
+                let outcome = tokio::select! {
+                    o = rx => o,
+                    () = expiry(acq.deadline.as_mut()) => return Err(self.timeout_error(acq.timeout)),
+                };
+                if let Some(done) = self.on_outcome(&mut pending, outcome, &mut acq.granted) {
+                    return done;
+                }
             }
         }
     }
 
+    /// [`Error::Timeout`] for an acquisition whose `timeout` passed.
+    fn timeout_error(&self, timeout: Option<Duration>) -> Error {
+        Error::Timeout {
+            name: self.name().to_owned(),
+            timeout: timeout.unwrap_or_default(),
+        }
+    }
+
     /// The checks that cost nothing: `n`, the closed flag, a request no limit can satisfy.
-    fn check_ask(&self, ask: &Ask) -> Result<(), Error> {
-        if ask.n == 0 {
+    fn check_ask(&self, n: u32) -> Result<(), Error> {
+        if n == 0 {
             return Err(Error::InvalidArgument(
                 "cannot acquire 0 permits: ask for at least one".into(),
             ));
@@ -172,10 +172,10 @@ impl Handle {
         // Only a request no limit can satisfy fails here. Otherwise Redis checks `n` against
         // the stored limit, which another process may have raised since this handle last
         // saw it (the reply of a refused request carries the current limit).
-        if ask.n > crate::protocol::keys::MAX_LIMIT {
+        if n > crate::protocol::keys::MAX_LIMIT {
             return Err(Error::TooManyPermits {
                 name: self.name().to_owned(),
-                requested: ask.n,
+                requested: n,
                 limit: self.limit(),
             });
         }
@@ -364,10 +364,11 @@ impl Handle {
         n: u32,
         deadline: Option<&mut Deadline>,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, Error> {
+        let timeout = deadline.as_ref().map(|d| d.timeout);
         tokio::select! {
             p = sem.clone().acquire_many_owned(n) => p.map_err(|_| Error::closed(self.name())),
             _ = self.closed.cancelled() => Err(Error::closed(self.name())),
-            e = timed_out(deadline, self.name()) => Err(e),
+            () = expiry(deadline) => Err(self.timeout_error(timeout)),
         }
     }
 
@@ -394,13 +395,51 @@ impl Handle {
         if self.batch.send(request).is_err() {
             return Err(Error::closed(self.name()));
         }
+        let timeout = deadline.as_ref().map(|d| d.timeout);
         tokio::select! {
             r = rx => match r {
                 Ok(r) => r.map_err(|e| Error::from_call(e, self.name())),
                 Err(_) => Err(Error::closed(self.name())),
             },
-            e = timed_out(deadline, self.name()) => Err(e),
+            () = expiry(deadline) => Err(self.timeout_error(timeout)),
         }
+    }
+}
+
+/// One acquisition's state, owned by its future: the request and what it holds, the mode,
+/// and the timer of a timeout (made at the first poll).
+struct Acquisition {
+    granted: Granted,
+    try_only: bool,
+    timeout: Option<Duration>,
+    deadline: Option<Deadline>,
+}
+
+impl Acquisition {
+    /// The state of `ask` before its first poll (`lease`: the handle's holder lease).
+    fn new(ask: Ask, lease: Duration) -> Acquisition {
+        let holder_lease = ask.custom.as_ref().and_then(|c| c.lease).unwrap_or(lease);
+        Acquisition {
+            granted: Granted {
+                n: ask.n,
+                holder_lease,
+                custom: ask.custom,
+                local: None,
+                lease_use: None,
+            },
+            try_only: ask.try_only,
+            timeout: ask.timeout,
+            deadline: None,
+        }
+    }
+
+    /// Starts the timer of a timeout (at the first poll). Only an acquire with a timeout
+    /// carries one, and on the heap.
+    fn start_timer(&mut self) {
+        self.deadline = self.timeout.map(|timeout| Deadline {
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+        });
     }
 }
 
@@ -437,18 +476,13 @@ struct Deadline {
     timeout: Duration,
 }
 
-/// Resolves with [`Error::Timeout`] (for the semaphore `name`) once `deadline` has passed;
-/// never without one.
-async fn timed_out(deadline: Option<&mut Deadline>, name: &str) -> Error {
+/// Resolves once `deadline` has passed; never without one. A plain future over the timer
+/// rather than an `async fn` that builds the error: it is part of every waiting future.
+fn expiry(deadline: Option<&mut Deadline>) -> impl Future<Output = ()> + Send + '_ {
+    use futures_util::future::Either;
     match deadline {
-        Some(d) => {
-            d.sleep.as_mut().await;
-            Error::Timeout {
-                name: name.to_owned(),
-                timeout: d.timeout,
-            }
-        }
-        None => std::future::pending().await,
+        Some(d) => Either::Left(d.sleep.as_mut()),
+        None => Either::Right(std::future::pending()),
     }
 }
 
