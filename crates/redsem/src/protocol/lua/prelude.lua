@@ -254,6 +254,16 @@ local function sess_of(m)
   return (m.o or m.c) .. '~' .. (m.s and m.l or m.w)
 end
 
+-- sess_of of a record as stored, without decoding it whole (the fields c, o, l, w and a:
+-- a holder is an entry with a grant time; `stats` reads the session of every entry it lists).
+-- nil for a record it cannot read.
+local SESSION_FIELDS = '^[^|]*|[^|]*|[^|]*|([^|]*)|([^|]*)|([^|]*)|([^|]*)|[^|]*|([^|]*)|'
+local function raw_sess_of(raw)
+  local c, o, l, w, a = string.match(raw, SESSION_FIELDS)
+  if not c then return nil end
+  return (o ~= '' and o or c) .. '~' .. (a ~= '' and l or w)
+end
+
 local check_all_then_repair -- (defined below, with the rare paths)
 
 -- The number of slots held. A slot map that is empty while the high-water mark says that a
@@ -707,10 +717,17 @@ end
 -- (docs/PROTOCOL.md, "Lost keys"): the index and the lease set carry a marker `#`, and the
 -- queue's length is counted in cfg.qlen. Each repair runs once, after the loss.
 -- (`own` first: the lease set is restored from the index.)
+-- Every script checks here before it writes `own` or `exp`, and a repair writes the marker
+-- back, so both keys hold their marker whenever they exist: one EXISTS finds either lost (the
+-- markers themselves are read only then, or for a semaphore written before they existed,
+-- `quiet`). A queue counted empty has nothing to lose.
 local function check_lost(quiet)
-  local index = redis.call('ZSCORE', K_OWN, '#')
-  local leases = redis.call('ZSCORE', K_EXP, '#')
-  local queue = redis.call('ZCARD', K_QUEUE) == QLEN
+  local index, leases = true, true
+  if quiet or redis.call('EXISTS', K_OWN, K_EXP) ~= 2 then
+    index = redis.call('ZSCORE', K_OWN, '#')
+    leases = redis.call('ZSCORE', K_EXP, '#')
+  end
+  local queue = QLEN == 0 or redis.call('ZCARD', K_QUEUE) == QLEN
   if index and leases and queue then return end
   check_all() -- (before the first write of a repair)
   if not index then rare().check_index() end

@@ -62,7 +62,7 @@ local function entries(ids)
   for i, id in ipairs(ids) do
     local raw = raws[i]
     if raw and not dead[id] then
-      local sid = sess_of(decode(raw))
+      local sid = raw_sess_of(raw) or sess_of(decode(raw)) -- (decode names a bad record)
       if expiry[sid] == nil then
         expiry[sid] = tonumber(redis.call('ZSCORE', K_EXP, sid)) or -1
       end
