@@ -717,17 +717,13 @@ end
 -- (docs/PROTOCOL.md, "Lost keys"): the index and the lease set carry a marker `#`, and the
 -- queue's length is counted in cfg.qlen. Each repair runs once, after the loss.
 -- (`own` first: the lease set is restored from the index.)
--- Every script checks here before it writes `own` or `exp`, and a repair writes the marker
--- back, so both keys hold their marker whenever they exist: one EXISTS finds either lost (the
--- markers themselves are read only then, or for a semaphore written before they existed,
--- `quiet`). A queue counted empty has nothing to lose.
+-- These three reads are also the type checks of `own`, `exp` and `queue` before the first
+-- write (a key of another type fails them with WRONGTYPE, having written nothing): an EXISTS
+-- would find a lost key for less, and miss a foreign one.
 local function check_lost(quiet)
-  local index, leases = true, true
-  if quiet or redis.call('EXISTS', K_OWN, K_EXP) ~= 2 then
-    index = redis.call('ZSCORE', K_OWN, '#')
-    leases = redis.call('ZSCORE', K_EXP, '#')
-  end
-  local queue = QLEN == 0 or redis.call('ZCARD', K_QUEUE) == QLEN
+  local index = redis.call('ZSCORE', K_OWN, '#')
+  local leases = redis.call('ZSCORE', K_EXP, '#')
+  local queue = redis.call('ZCARD', K_QUEUE) == QLEN
   if index and leases and queue then return end
   check_all() -- (before the first write of a repair)
   if not index then rare().check_index() end
