@@ -12,7 +12,9 @@
 //!   worker, within one renewal interval while anyone holds, or one fallback interval while
 //!   anyone waits; later if Redis answered nobody meanwhile) gives every session of the
 //!   index a lease again from then (docs/PROTOCOL.md, "Lost keys"), so the bound is one
-//!   lease after that, from the snapshots after the loss on;
+//!   lease after that, from the snapshots after the loss on; a loss before the kill counts
+//!   too when its restoration may come after it (a halt held it up, or a failover to a
+//!   lagging copy brought back the keys from before it, and the next script restores again);
 //! - a waiter that cannot act is no evidence: only live waiters whose process was not
 //!   paused, stalled or cut off from Redis since the kill (or the end of that fault) count,
 //!   and nothing is judged while Redis answers nobody.
@@ -125,15 +127,21 @@ impl Recovery {
     }
 
     /// The bound for the entries of killed worker `w` on semaphore `sem` at `now` (`None`:
-    /// `w` was not killed): a loss of the lease set since the kill gives an entry a lease
-    /// again.
+    /// `w` was not killed): a loss of the lease set whose restoration may come after the
+    /// kill gives an entry a lease again. That is a loss shortly before the kill, and also
+    /// an earlier one whose restoration a halt held up (a failover to a lagging copy can
+    /// bring back the keys as they were before the restoration, and the next script restores
+    /// again: `leases_lost` bounds it).
     fn deadline(&self, logs: &Logs, sem: usize, w: u32, now: i64) -> Option<i64> {
         let t = logs.t;
         let &deadline = self.deadline_of.get(&w)?;
         let killed_at = logs.workers[&w].killed_at.unwrap_or(i64::MAX);
         let deadline = self.leases_lost[sem]
             .iter()
-            .filter(|&&(at, _)| at >= killed_at - t.fallback.max(t.renew) - t.slack && at <= now)
+            .filter(|&&(at, bound)| {
+                let restored_by = bound - t.lease - t.slack;
+                at <= now && restored_by >= killed_at - t.slack
+            })
             .fold(deadline, |d, &(_, bound)| d.max(bound));
         Some(deadline)
     }
