@@ -678,6 +678,76 @@ fn a_lease_set_restored_again_after_a_failover_may_outlast_the_kill_by_one_lease
     assert_violated(&check(false), "recovery");
 }
 
+/// Worker 0 holds slot 0 of `chaos-mutex` from 520 ms and is SIGKILLed at 1000 ms with a
+/// renewal in flight: its command connection is black-holed from 950 to 1200 ms. With
+/// `sleep`, Redis sleeps (`DEBUG SLEEP`) from 1100 to 1400 ms, so the renewal the black hole
+/// lets through at 1200 ms runs at 1400 ms: the dead entry's lease lasts until 1900 ms, and
+/// it is reaped at 1920 ms; worker 1 is granted the slot at 1940 ms. Without the sleep the
+/// same lease has no cause (the bound is the black hole's end plus a lease: 1750 ms).
+fn write_held_renewal_run(dir: &Path, sleep: bool) {
+    let t = |ms: i64| T0 + ms * MS;
+    let mut runner = start_run(dir);
+    runner.push(format!(
+        "fault {} {} blackhole-cmd 0 0 ms=250",
+        t(950),
+        t(1200)
+    ));
+    runner.extend(kill_worker0(1000));
+    if sleep {
+        runner.push(format!(
+            "fault {} {} debug-sleep - - ms=300",
+            t(1100),
+            t(1400)
+        ));
+    }
+    runner.extend([
+        format!("hold {} 1 1.0.1 0 1", t(1940)),
+        format!("exit {} 1 ok", t(2300)),
+    ]);
+    write_log(dir, "runner.log", &runner);
+    write_killed_worker0(dir, 500, 520);
+    write_worker1(dir, 900, 2000, 1940, 2, 2000, 2200);
+    let mut snaps = entry_names();
+    for ms in (920..2000).step_by(40) {
+        if (1100..1400).contains(&ms) {
+            continue; // (Redis asleep: no snapshot)
+        }
+        let now = t(ms);
+        let mut entries = Vec::new();
+        let mut slots = Vec::new();
+        if ms < 1920 {
+            let exp = if ms < 1400 { 1490 } else { 1900 };
+            entries.push(holder(0, t(exp) / MS, t(520) / MS, 1));
+            slots.push("0=0".to_owned());
+            entries.push(waiter(1, (now / MS) + 400, 2));
+        } else if ms < 1940 {
+            entries.push(waiter(1, (now / MS) + 400, 2));
+        } else {
+            entries.push(holder(1, (now / MS) + 400, t(1940) / MS, 2));
+            slots.push("0=1".to_owned());
+        }
+        snaps.push(snapshot(now, now, entries, slots));
+    }
+    write_log(dir, "snapshots.log", &snaps);
+    write_final_state(dir);
+}
+
+/// A renewal held up by a chain of faults — a black hole over the kill, then Redis asleep
+/// before the black hole let it through — extends a dead entry's lease from the end of the
+/// last: no `recovery` violation (seed 3131's 20-minute run reported one); the same lease
+/// after the black hole alone is one.
+#[test]
+fn a_renewal_held_up_by_a_chain_of_faults_extends_a_dead_entrys_lease() {
+    let check = |sleep: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        write_held_renewal_run(dir.path(), sleep);
+        checker::check(dir.path()).unwrap()
+    };
+    let r = check(true);
+    assert_eq!(r.total_violations(), 0, "{}", r.text());
+    assert_violated(&check(false), "recovery");
+}
+
 /// A failover to a replica loses the grants made after the replica's copy (`kept`): worker
 /// 0's grant at 1000 ms, after a copy of 960 ms, is lost with the master, and its overlap
 /// with the new master's grant is explained...

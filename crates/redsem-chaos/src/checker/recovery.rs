@@ -6,7 +6,9 @@
 //! lease after the kill, and the live waiters' processes wake up when the nearest lease is
 //! due and reap it. It is extended only by what delays that:
 //! - a renewal the dead process had in flight, held up by a fault (its command connection
-//!   black-holed or slowed, Redis asleep), extends the lease from the end of that fault;
+//!   black-holed or slowed, Redis asleep), extends the lease from the end of that fault, or
+//!   of the last of a chain of them (a black hole that ends while Redis sleeps delivers it
+//!   when Redis wakes up);
 //! - a loss of the semaphore's lease set (`key-loss` of `exp`) while the entry is still
 //!   there (its lease may even have run out unreaped): the next script (a renewal of a live
 //!   worker, within one renewal interval while anyone holds, or one fallback interval while
@@ -83,20 +85,31 @@ impl Recovery {
         let mut deadline_of: HashMap<u32, i64> = HashMap::new();
         for (&id, w) in &logs.workers {
             let Some(k) = w.killed_at else { continue };
-            let mut latest = k;
-            for f in &logs.faults {
+            let delays = |f: &super::logs::Fault| {
                 let hits_worker = f.slot.is_some_and(|s| {
                     logs.occupancy
                         .iter()
                         .any(|&(slot, from, to, wk)| slot == s && wk == id && from <= k && to >= k)
                 });
-                let delays = match f.kind {
+                match f.kind {
                     FaultKind::BlackholeCmd | FaultKind::Latency => hits_worker,
                     FaultKind::DebugSleep => true,
                     _ => false,
-                };
-                if delays && f.t0 <= k && f.t1 >= k {
-                    latest = latest.max(f.t1);
+                }
+            };
+            // A renewal in flight at the kill arrives once every fault holding it up has
+            // ended: one that covers the kill, then any that began while it was still held
+            // (a black hole's end delivers it into a Redis put to sleep meanwhile).
+            let mut latest = k;
+            loop {
+                let before = latest;
+                for f in &logs.faults {
+                    if f.t0 <= latest && f.t1 >= k && delays(f) {
+                        latest = latest.max(f.t1);
+                    }
+                }
+                if latest == before {
+                    break;
                 }
             }
             deadline_of.insert(id, latest + t.lease + t.slack);
