@@ -375,16 +375,21 @@ for (const { flavor, binary, skip } of flavors()) {
       const p = await sem.acquire();
       const pair = sem.acquire({ permits: 2, label: 'two seats' });
       assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
+      // (each rejection is awaited from before the call that causes it: it may arrive, by
+      // its notification, before that call's own reply)
+      const pairRejected = assert.rejects(pair,
+        (e) => e instanceof redsem.TooManyPermitsError && e.limit === 1);
       const shrunk = await client.resizeExisting('cancel', 1);
       assert.equal(shrunk.previous, 2);
       assert.deepEqual(shrunk.rejected.map((w) => [w.permits, w.label]), [[2, 'two seats']]);
-      await assert.rejects(pair, (e) => e instanceof redsem.TooManyPermitsError && e.limit === 1);
+      await pairRejected;
       const waiter = sem.acquire({ timeoutMs: 30_000 });
+      const waiterRemoved = assert.rejects(waiter, (e) => e instanceof redsem.RemovedFromQueueError
+        && e.code === 'ERR_REDSEM_REMOVED_FROM_QUEUE' && e.semaphore === 'cancel');
       assert.ok(await eventually(async () => (await counts(sem)).waiters === 1));
       const id = (await sem.stats()).waiters[0].id;
       assert.equal(await client.forceReleaseExisting('cancel', id), 'waiter');
-      await assert.rejects(waiter, (e) => e instanceof redsem.RemovedFromQueueError
-        && e.code === 'ERR_REDSEM_REMOVED_FROM_QUEUE' && e.semaphore === 'cancel');
+      await waiterRemoved;
       assert.equal((await sem.stats()).waiters.length, 0);
       await p.release();
     });
