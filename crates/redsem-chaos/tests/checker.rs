@@ -640,27 +640,14 @@ fn write_restored_twice_run(dir: &Path, failover: bool) {
     write_log(dir, "runner.log", &runner);
     write_killed_worker0(dir, 500, 520);
     write_worker1(dir, 900, 2000, 1840, 2, 1900, 2100);
-    let mut snaps = entry_names();
-    for ms in (920..1900).step_by(40) {
-        let now = t(ms);
-        let mut entries = Vec::new();
-        let mut slots = Vec::new();
-        if ms < 1820 {
-            // the dead holder's entry: its lease ends at 1490 ms, then again from 1300 ms
-            let exp = if ms < 1300 { 1490 } else { 1800 };
-            entries.push(holder(0, t(exp) / MS, t(520) / MS, 1));
-            slots.push("0=0".to_owned());
-            entries.push(waiter(1, (now / MS) + 400, 2));
-        } else if ms < 1840 {
-            entries.push(waiter(1, (now / MS) + 400, 2));
-        } else {
-            entries.push(holder(1, (now / MS) + 400, t(1840) / MS, 2));
-            slots.push("0=1".to_owned());
-        }
-        snaps.push(snapshot(now, now, entries, slots));
-    }
-    write_log(dir, "snapshots.log", &snaps);
-    write_final_state(dir);
+    // the dead holder's entry: its lease ends at 1490 ms, then again from 1300 ms
+    write_dead_holder_snapshots(
+        dir,
+        1900,
+        |ms| if ms < 1300 { 1490 } else { 1800 },
+        1820,
+        1840,
+    );
 }
 
 /// A loss of the lease set before a kill whose restoration a failover to a lagging copy
@@ -707,23 +694,41 @@ fn write_held_renewal_run(dir: &Path, sleep: bool) {
     write_log(dir, "runner.log", &runner);
     write_killed_worker0(dir, 500, 520);
     write_worker1(dir, 900, 2000, 1940, 2, 2000, 2200);
+    // the lease the renewal gave shows from 1400 ms on
+    write_dead_holder_snapshots(
+        dir,
+        2000,
+        |ms| if ms < 1400 { 1490 } else { 1900 },
+        1920,
+        1940,
+    );
+}
+
+/// `snapshots.log` of a run where worker 0's entry (granted slot 0 at 520 ms) outlives its
+/// kill: from 920 ms every 40 ms until `end_ms`, the dead holder with its lease until
+/// `exp_of(ms)` and worker 1 queued behind it until `reaped_ms`, then worker 1 queued alone,
+/// then holding the slot from `granted_ms`.
+fn write_dead_holder_snapshots(
+    dir: &Path,
+    end_ms: i64,
+    exp_of: impl Fn(i64) -> i64,
+    reaped_ms: i64,
+    granted_ms: i64,
+) {
+    let t = |ms: i64| T0 + ms * MS;
     let mut snaps = entry_names();
-    for ms in (920..2000).step_by(40) {
-        if (1100..1400).contains(&ms) {
-            continue; // (Redis asleep: no snapshot)
-        }
+    for ms in (920..end_ms).step_by(40) {
         let now = t(ms);
         let mut entries = Vec::new();
         let mut slots = Vec::new();
-        if ms < 1920 {
-            let exp = if ms < 1400 { 1490 } else { 1900 };
-            entries.push(holder(0, t(exp) / MS, t(520) / MS, 1));
+        if ms < reaped_ms {
+            entries.push(holder(0, t(exp_of(ms)) / MS, t(520) / MS, 1));
             slots.push("0=0".to_owned());
             entries.push(waiter(1, (now / MS) + 400, 2));
-        } else if ms < 1940 {
+        } else if ms < granted_ms {
             entries.push(waiter(1, (now / MS) + 400, 2));
         } else {
-            entries.push(holder(1, (now / MS) + 400, t(1940) / MS, 2));
+            entries.push(holder(1, (now / MS) + 400, t(granted_ms) / MS, 2));
             slots.push("0=1".to_owned());
         }
         snaps.push(snapshot(now, now, entries, slots));
