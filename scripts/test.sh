@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 failed=()
-step() { printf '\n==> %s\n' "$*" >&2; }
+step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*" >&2; }
 run() {
     local name="$1"
     shift
@@ -86,7 +86,7 @@ run chaos-clock cargo run --release -p redsem-chaos -- --seconds 30 --seed 1 \
     --faults clock-step,blackhole-cmd,failover-replica
 
 if [ "${#failed[@]}" -gt 0 ]; then
-    printf '\n==> scripts/test.sh: FAILED: %s\n' "${failed[*]}" >&2
+    printf '\n==> [%ds] scripts/test.sh: FAILED: %s\n' "$SECONDS" "${failed[*]}" >&2
     exit 1
 fi
-printf '\n==> scripts/test.sh: all passed\n' >&2
+printf '\n==> [%ds] scripts/test.sh: all passed\n' "$SECONDS" >&2

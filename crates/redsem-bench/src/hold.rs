@@ -66,42 +66,59 @@ fn fine_timer_slack() {
 mod tests {
     use super::*;
 
-    /// Mean overshoot of `n` holds of `hold` each, run `concurrent` at a time, in µs.
-    async fn mean_overshoot_us(n: usize, concurrent: usize, hold: Duration) -> f64 {
-        let mut total = Duration::ZERO;
+    /// The overshoots of `n` holds of `hold` each, run `concurrent` at a time.
+    async fn overshoots(n: usize, concurrent: usize, hold: Duration) -> Vec<Duration> {
+        let mut all = Vec::with_capacity(n);
         for _ in 0..n / concurrent {
             let holds = (0..concurrent).map(|_| async {
                 let start = Instant::now();
                 until(start + hold).await;
-                start.elapsed() - hold
+                // (checked_sub: None when a hold ended early)
+                start.elapsed().checked_sub(hold)
             });
-            total += futures_util::future::join_all(holds)
-                .await
-                .into_iter()
-                .sum::<Duration>();
+            for over in futures_util::future::join_all(holds).await {
+                all.push(over.expect("a hold ended before its deadline"));
+            }
         }
-        total.as_secs_f64() * 1e6 / (n / concurrent * concurrent) as f64
+        all
     }
 
+    fn mean_us(overshoots: &[Duration]) -> f64 {
+        overshoots.iter().sum::<Duration>().as_secs_f64() * 1e6 / overshoots.len() as f64
+    }
+
+    /// A hold never ends before its deadline, alone or among others. How precise it is, is the
+    /// benchmark's to measure (its *mean / p99 hold* columns), not a timed assertion's: the
+    /// figures are printed here only as a hint.
     #[tokio::test(flavor = "current_thread")]
-    async fn holds_are_precise_on_average() {
+    async fn holds_never_end_early() {
         let hold = Duration::from_millis(5);
-        let alone = mean_overshoot_us(50, 1, hold).await;
-        let together = mean_overshoot_us(50, 10, hold).await;
-        let mut tokio_only = Duration::ZERO;
-        for _ in 0..20 {
-            let start = Instant::now();
-            tokio::time::sleep(hold).await;
-            tokio_only += start.elapsed() - hold;
-        }
+        let alone = overshoots(50, 1, hold).await;
+        let together = overshoots(50, 10, hold).await;
+        assert_eq!((alone.len(), together.len()), (50, 50));
         eprintln!(
-            "mean overshoot of a 5 ms hold: {alone:.0} µs one at a time, {together:.0} µs with 10 \
-             at once; tokio::time::sleep alone: {:.0} µs",
-            tokio_only.as_secs_f64() * 1e6 / 20.0
+            "mean overshoot of a 5 ms hold: {:.0} µs one at a time, {:.0} µs with 10 at once",
+            mean_us(&alone),
+            mean_us(&together)
         );
-        // generous bounds (a loaded machine): tokio's own timer is ~1 ms late on average
-        assert!(alone < 1000.0, "{alone} µs");
-        assert!(together < 1000.0, "{together} µs");
+    }
+
+    /// The precise part of a hold runs on a thread whose timer slack is 1 ns (the mechanism the
+    /// precision rests on, checked without timing anything).
+    #[test]
+    fn the_precise_sleep_runs_with_a_fine_timer_slack() {
+        std::thread::spawn(|| {
+            // SAFETY: PR_GET_TIMERSLACK takes no argument and only reads the calling thread's.
+            let before = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+            fine_timer_slack();
+            let after = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+            assert_eq!(
+                after, 1,
+                "timer slack after fine_timer_slack (before: {before} ns)"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]
