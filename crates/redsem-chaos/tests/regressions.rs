@@ -21,6 +21,22 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// Waits until the waiter is queued in Redis and its process has been told so: the reply of
+/// its acquire call has passed the proxy (a PING on the same command connection, sent after
+/// Redis ran the call, is answered after it). Black-holing the connection before that would
+/// hold up the reply itself, and acquire waits for its reply before anything else (seen on
+/// a loaded machine: the grant's notification arrived, the acquire still waited).
+async fn queued_and_told(server: &Server, keys: &Keys, waiter: &redsem::Client) {
+    for _ in 0..500 {
+        if server.cmd(&["ZCARD", &keys.queue]).as_int() == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(server.cmd(&["ZCARD", &keys.queue]).as_int(), Some(1));
+    waiter.ping().await.unwrap();
+}
+
 /// Found by `redsem-chaos` (seeds 2 and 3, `limit-believed` and `fencing` violations): a
 /// process whose command connection is stuck (black-holed) while its subscriber connection
 /// works is granted a permit by notification. A grant keeps the waiter's lease, whose last
@@ -64,13 +80,7 @@ async fn a_grant_notified_while_the_command_connection_is_stuck_is_lost_before_i
             .await
             .unwrap();
         let waiting = tokio::spawn(async move { waiter_sem.acquire().await });
-        for _ in 0..500 {
-            if server.cmd(&["ZCARD", &keys.queue]).as_int() == Some(1) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(server.cmd(&["ZCARD", &keys.queue]).as_int(), Some(1));
+        queued_and_told(&server, &keys, &waiter_client).await;
 
         // from now on the waiter's renewals hang; its notifications still arrive
         proxy.blackhole(Class::Cmd, true);
@@ -166,13 +176,7 @@ async fn a_grant_that_arrives_after_its_lease_could_have_ended_is_not_handed_out
                 .unwrap();
             (permit, returned_at, expiry.map(|e| e as i64))
         });
-        for _ in 0..500 {
-            if server.cmd(&["ZCARD", &keys.queue]).as_int() == Some(1) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(server.cmd(&["ZCARD", &keys.queue]).as_int(), Some(1));
+        queued_and_told(&server, &keys, &waiter_client).await;
 
         // the waiter's process hears nothing for longer than the lease: it is granted the
         // permit meanwhile, and the lease it keeps runs out in Redis
