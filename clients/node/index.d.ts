@@ -120,8 +120,12 @@ export class Client {
    * @throws {BackendError} the server has no Functions (Redis before 7.0) or refuses the library.
    */
   loadLibrary(): Promise<string>;
-  /** A snapshot of an existing semaphore, without opening it. @throws {UnknownSemaphoreError} */
-  inspect(name: string): Promise<Stats>;
+  /**
+   * A snapshot of an existing semaphore, without opening it, listing at most `listed` holders
+   * and waiters (default 100; 0: the counts alone; at most 1000). @throws {UnknownSemaphoreError}
+   * @throws {InvalidArgumentError}
+   */
+  inspect(name: string, listed?: number): Promise<Stats>;
   /** Changes the limit of an existing semaphore, never creating it; see {@link Resized}. @throws {UnknownSemaphoreError} @throws {InvalidArgumentError} */
   resizeExisting(name: string, limit: number): Promise<Resized>;
   /**
@@ -202,8 +206,13 @@ export class Semaphore {
   tryAcquire(options?: TryAcquireOptions): Promise<Permit>;
   /** Acquires, runs `work`, releases (also when `work` throws). Watch `permit.signal` to stop on loss. */
   run<T>(work: (permit: Permit) => Promise<T> | T, options?: AcquireOptions): Promise<T>;
-  /** A consistent snapshot: limit, use, every holder and waiter. One round trip. */
-  stats(): Promise<Stats>;
+  /**
+   * A consistent snapshot: limit, use, counts of every holder and waiter, and at most `listed`
+   * of each (default 100; 0: the counts alone; 1: the head of the queue; at most 1000). One
+   * read-only round trip, whose Redis time grows with the entries listed, never with the queue.
+   * @throws {InvalidArgumentError}
+   */
+  stats(listed?: number): Promise<Stats>;
   /** Changes the limit for every replica, live; a shrink rejects the queued requests larger than the new limit. See {@link Resized}. */
   resize(limit: number): Promise<Resized>;
   /** Changes the limit by `delta` atomically (concurrent changes all count). @throws {InvalidArgumentError} outside 1..=100,000 (nothing changed). */
@@ -320,9 +329,9 @@ export interface Stats {
   limit: number;
   inUse: number;
   available: number;
-  /** Oldest grant first; at most 100 (`holderCount` counts them all). */
+  /** Oldest grant first; at most 100, or the `listed` asked (`holderCount` counts them all). */
   holders: HolderInfo[];
-  /** In queue order, from the head; at most 100 (`waiterCount` counts them all). */
+  /** In queue order, from the head; at most 100, or the `listed` asked (`waiterCount` counts them all). */
   waiters: WaiterInfo[];
   /** Every holder, listed or not. */
   holderCount: number;

@@ -176,7 +176,7 @@ class Client {
   flushReleases() { return call(() => this.#native.flushReleases()); }
   listSemaphores() { return call(() => this.#native.listSemaphores()); }
   loadLibrary() { return call(() => this.#native.loadLibrary()); }
-  inspect(name) { return call(() => this.#native.inspect(name)); }
+  inspect(name, listed) { return call(() => this.#native.inspect(name, listed)); }
   resizeExisting(name, limit) { return call(() => this.#native.resizeExisting(name, limit)); }
   forceReleaseExisting(name, holderId) {
     return call(() => this.#native.forceReleaseExisting(name, holderId));
@@ -257,7 +257,7 @@ class Semaphore {
     }
   }
 
-  stats() { return call(() => this.#native.stats()); }
+  stats(listed) { return call(() => this.#native.stats(listed)); }
   resize(limit) { return call(() => this.#native.resize(limit)); }
   addPermits(delta) { return call(() => this.#native.addPermits(delta)); }
   forceRelease(holderId) { return call(() => this.#native.forceRelease(holderId)); }

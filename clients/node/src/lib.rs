@@ -199,6 +199,14 @@ fn to_u32(what: &str, v: f64) -> Result<u32> {
     }
 }
 
+/// How many entries a snapshot lists: `redsem::STATS_LISTED` when not given (the library
+/// refuses more than `MAX_LISTED`).
+fn to_listed(v: Option<f64>) -> Result<usize> {
+    v.map_or(Ok(redsem::STATS_LISTED), |v| {
+        to_u32("listed", v).map(|n| n as usize)
+    })
+}
+
 fn to_i64(what: &str, v: f64) -> Result<i64> {
     // 2^53: the largest range where every whole number is exact in a JavaScript number
     const EXACT: f64 = 9_007_199_254_740_992.0;
@@ -443,10 +451,15 @@ impl Client {
         c.load_library().await.map_err(to_js)
     }
 
+    /// `Client::inspect_listing`: at most `listed` (default 100) holders and waiters listed.
     #[napi]
-    pub async fn inspect(&self, name: String) -> Result<Stats> {
+    pub async fn inspect(&self, name: String, listed: Option<f64>) -> Result<Stats> {
         let c = self.inner.clone();
-        c.inspect(&name).await.map(Stats::from).map_err(to_js)
+        let listed = to_listed(listed)?;
+        c.inspect_listing(&name, listed)
+            .await
+            .map(Stats::from)
+            .map_err(to_js)
     }
 
     #[napi]
@@ -620,10 +633,15 @@ impl Semaphore {
         Ok(Permit::new(permit))
     }
 
+    /// `Semaphore::stats_listing`: at most `listed` (default 100) holders and waiters listed.
     #[napi]
-    pub async fn stats(&self) -> Result<Stats> {
+    pub async fn stats(&self, listed: Option<f64>) -> Result<Stats> {
         let s = self.inner.clone();
-        s.stats().await.map(Stats::from).map_err(to_js)
+        let listed = to_listed(listed)?;
+        s.stats_listing(listed)
+            .await
+            .map(Stats::from)
+            .map_err(to_js)
     }
 
     #[napi]

@@ -394,6 +394,26 @@ for (const { flavor, binary, skip } of flavors()) {
       await p.release();
     });
 
+    test('a snapshot lists at most what it is asked', async () => {
+      const sem = await client.semaphore('listing', { limit: 1 });
+      const p = await sem.acquire();
+      const waiting = [];
+      for (let i = 0; i < 3; i += 1) {
+        waiting.push(sem.acquire({ timeoutMs: 30_000 }));
+        assert.ok(await eventually(async () => (await sem.stats()).waiters.length === i + 1));
+      }
+      const full = await sem.stats();
+      const counts = await sem.stats(0);
+      assert.deepEqual([counts.holderCount, counts.waiterCount], [1, 3]);
+      assert.deepEqual([counts.holders.length, counts.waiters.length], [0, 0]);
+      const head = await client.inspect('listing', 1);
+      assert.deepEqual(head.waiters.map((w) => w.id), [full.waiters[0].id]);
+      await assert.rejects(sem.stats(1001), (e) => e instanceof redsem.InvalidArgumentError);
+      await assert.rejects(sem.stats(-1), (e) => e instanceof redsem.InvalidArgumentError);
+      await p.release();
+      for (const w of waiting) await (await w).release();
+    });
+
     test('stats, resize, addPermits and the operator calls', async () => {
       const sem = await client.semaphore('ops', { limit: 2, label: 'node-test' });
       const p = await sem.acquire();

@@ -381,11 +381,21 @@ impl Client {
         )
     }
 
-    /// The `Stats` as JSON (the schema of `redsem stats --json`).
-    fn inspect<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+    /// The `Stats` as JSON (the schema of `redsem stats --json`), listing at most `listed`
+    /// holders and waiters (`Client::inspect_listing`).
+    #[pyo3(signature = (name, listed=redsem::STATS_LISTED))]
+    fn inspect<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        listed: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let c = self.inner.clone();
         spawn(py, async move {
-            let s = c.inspect(&name).await.map_err(Failure::from)?;
+            let s = c
+                .inspect_listing(&name, listed)
+                .await
+                .map_err(Failure::from)?;
             stats_json(&s)
         })
     }
@@ -548,10 +558,11 @@ impl Semaphore {
         })
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (listed=redsem::STATS_LISTED))]
+    fn stats<'py>(&self, py: Python<'py>, listed: usize) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {
-            let st = s.stats().await.map_err(Failure::from)?;
+            let st = s.stats_listing(listed).await.map_err(Failure::from)?;
             stats_json(&st)
         })
     }

@@ -83,6 +83,28 @@ async def test_waiters_of_two_clients_are_granted_in_ticket_order(server: Server
     await c2.close()
 
 
+async def test_a_snapshot_lists_at_most_what_it_is_asked(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c:
+        sem = await c.semaphore(name, limit=1)
+        first = await sem.acquire()
+        tasks = []
+        for i in range(3):
+            tasks.append(asyncio.ensure_future(sem.acquire(timeout=30)))
+            await until(lambda: n_waiting(sem, i + 1))
+        full = await sem.stats()
+        counts = await sem.stats(0)
+        assert (counts.holder_count, counts.waiter_count) == (1, 3)
+        assert (counts.holders, counts.waiters, counts.oldest_wait) == ([], [], None)
+        head = await c.inspect(name, 1)
+        assert [w.id for w in head.waiters] == [full.waiters[0].id]
+        assert head.oldest_wait is not None
+        with pytest.raises(redsem.InvalidArgument, match="at most 1000"):
+            await sem.stats(1001)
+        await first.release()
+        for t in tasks:
+            await (await t).release()
+
+
 async def test_priority_classes_are_served_first_fifo_within_a_class(server: Server, name: str) -> None:
     async with await redsem.connect(server.url) as c:
         sem = await c.semaphore(name, limit=1)

@@ -181,7 +181,7 @@ fn admin_runs_at_a_tiny_size() {
             "{what}"
         );
         assert!(f(rep, "memory_bytes") > 0.0, "{what}");
-        for op in ["open", "stats", "run"] {
+        for op in ["open", "stats", "counts", "run"] {
             assert!(f(rep, &format!("{op}_redis_us")) > 0.0, "{op}: {what}");
             assert!(f(rep, &format!("{op}_round_trips")) >= 1.0, "{op}: {what}");
         }

@@ -180,7 +180,8 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
     let snapshots: Vec<_> = futures_util::stream::iter(names)
         .map(|name| {
             let client = client.clone();
-            async move { (client.inspect(&name).await, name) }
+            // the counts and the head of the queue (its wait): one entry listed at most
+            async move { (client.inspect_listing(&name, 1).await, name) }
         })
         .buffered(16)
         .collect()

@@ -81,11 +81,28 @@ impl Client {
     /// [`Error::InvalidArgument`] for a bad name; [`Error::WrongType`] when one of its keys
     /// holds a foreign value; connection and permission errors.
     pub async fn inspect(&self, name: &str) -> Result<Stats, Error> {
+        self.inspect_listing(name, crate::stats::STATS_LISTED).await
+    }
+
+    /// [`inspect`](Self::inspect), listing at most `listed` holders and `listed` waiters
+    /// instead of [`STATS_LISTED`](crate::STATS_LISTED): the counts are of all of them
+    /// whatever `listed`. 0 lists nobody (then [`Stats::oldest_wait`] is `None`); 1 lists the
+    /// head of the queue (what [`Stats::oldest_wait`] needs).
+    ///
+    /// Cost: one read-only round trip; Redis time grows with the entries listed (each is
+    /// read and sent: a few µs), never with the length of the queue or the limit. Counting
+    /// alone (0 or 1) costs what inspecting an empty semaphore does; listing 100 waiters
+    /// costs several times that.
+    ///
+    /// # Errors
+    /// As [`inspect`](Self::inspect); [`Error::InvalidArgument`] for `listed` above
+    /// [`MAX_LISTED`](crate::MAX_LISTED).
+    pub async fn inspect_listing(&self, name: &str, listed: usize) -> Result<Stats, Error> {
+        crate::stats::check_listed(listed)?;
         let keys = Keys::new(&self.inner.prefix, name)?;
         let mut conn = self.inner.conn.clone();
         let publish = self.inner.publish;
-        let reply =
-            protocol::stats_existing(&mut conn, &keys, publish, crate::stats::STATS_LISTED).await;
+        let reply = protocol::stats_existing(&mut conn, &keys, publish, listed).await;
         Ok(Stats::from_reply(name, self.existing(&keys, reply)?))
     }
 

@@ -145,7 +145,7 @@ pub use permit::{Fence, Permit};
 pub use protocol::keys::Keys;
 pub use protocol::keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
 pub use semaphore::{MAX_LIMIT, Semaphore};
-pub use stats::{HolderInfo, STATS_LISTED, Stats, WaiterInfo};
+pub use stats::{HolderInfo, MAX_LISTED, STATS_LISTED, Stats, WaiterInfo};
 
 /// The protocol's rules that the workspace's other crates (the chaos suite's checker and
 /// snapshots) must apply exactly as the library does: imported from here, never re-derived.

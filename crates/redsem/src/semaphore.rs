@@ -250,14 +250,24 @@ impl Semaphore {
     /// # Errors
     /// Connection and permission errors.
     pub async fn stats(&self) -> Result<Stats, Error> {
+        self.stats_listing(crate::stats::STATS_LISTED).await
+    }
+
+    /// [`stats`](Self::stats), listing at most `listed` holders and `listed` waiters instead
+    /// of [`STATS_LISTED`](crate::STATS_LISTED); the counts are of all of them whatever
+    /// `listed`. 0 lists nobody (then [`Stats::oldest_wait`] is `None`); 1 lists the head of
+    /// the queue. For a frequent poll that needs the counts: Redis time grows with the
+    /// entries listed (a few µs each), never with the queue or the limit.
+    ///
+    /// # Errors
+    /// As [`stats`](Self::stats); [`Error::InvalidArgument`] for `listed` above
+    /// [`MAX_LISTED`](crate::MAX_LISTED).
+    pub async fn stats_listing(&self, listed: usize) -> Result<Stats, Error> {
+        crate::stats::check_listed(listed)?;
         let mut conn = self.handle.ctx.conn.clone();
-        let reply = protocol::stats(
-            &mut conn,
-            &self.handle.remote.target(),
-            crate::stats::STATS_LISTED,
-        )
-        .await
-        .map_err(|e| Error::from_call(e, self.name()))?;
+        let reply = protocol::stats(&mut conn, &self.handle.remote.target(), listed)
+            .await
+            .map_err(|e| Error::from_call(e, self.name()))?;
         self.handle.remote.set_limit(reply.limit);
         self.handle
             .remote

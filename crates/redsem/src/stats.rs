@@ -7,10 +7,28 @@ use serde::Serialize;
 use crate::permit::Fence;
 use crate::protocol::StatsReply;
 
-/// At most this many holders and this many waiters are listed in a [`Stats`] (the counts,
-/// [`Stats::holder_count`] and [`Stats::waiter_count`], are of all of them), so that taking a
-/// snapshot costs Redis the same whatever the length of the queue and the limit.
+/// At most this many holders and this many waiters are listed in a [`Stats`] taken by
+/// [`Semaphore::stats`](crate::Semaphore::stats) or [`Client::inspect`](crate::Client::inspect)
+/// (the counts, [`Stats::holder_count`] and [`Stats::waiter_count`], are of all of them), so
+/// that taking a snapshot costs Redis the same whatever the length of the queue and the limit.
+/// `stats_listing` and `inspect_listing` take another bound (0: the counts alone).
 pub const STATS_LISTED: usize = 100;
+
+/// The most entries of each kind a snapshot may list (`stats_listing`, `inspect_listing`):
+/// more is refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) (a snapshot
+/// is one script call, whose cost and reply grow with what it lists).
+pub const MAX_LISTED: usize = 1000;
+
+/// [`MAX_LISTED`], checked.
+pub(crate) fn check_listed(listed: usize) -> Result<(), crate::Error> {
+    if listed > MAX_LISTED {
+        return Err(crate::Error::InvalidArgument(format!(
+            "cannot list {listed} entries of a semaphore at once: at most {MAX_LISTED} (the \
+             counts are of all of them whatever is listed)"
+        )));
+    }
+    Ok(())
+}
 
 /// A consistent snapshot of one semaphore, taken by one read-only script run: it writes
 /// nothing (a user allowed only to read the keys may take it), and leaves out the entries
@@ -18,7 +36,8 @@ pub const STATS_LISTED: usize = 100;
 /// has a valid lease.
 ///
 /// Its cost is bounded: it counts every holder and waiter, and lists at most
-/// [`STATS_LISTED`] of each (the first waiters of the queue).
+/// [`STATS_LISTED`] of each (the first waiters of the queue), or the number asked of
+/// [`Semaphore::stats_listing`](crate::Semaphore::stats_listing).
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct Stats {
@@ -30,11 +49,12 @@ pub struct Stats {
     pub in_use: u32,
     /// Permits free now (`limit − in_use`, 0 while over a shrunk limit).
     pub available: u32,
-    /// Holders, oldest acquisition first: all of them, or [`STATS_LISTED`] of them when there
-    /// are more ([`holder_count`](Self::holder_count) counts them all).
+    /// Holders, oldest acquisition first: all of them, or [`STATS_LISTED`] (or the number
+    /// asked) of them when there are more ([`holder_count`](Self::holder_count) counts them
+    /// all).
     pub holders: Vec<HolderInfo>,
-    /// Waiters, in queue (FIFO) order: the first [`STATS_LISTED`] of the queue
-    /// ([`waiter_count`](Self::waiter_count) counts them all).
+    /// Waiters, in queue (FIFO) order: the first [`STATS_LISTED`] (or the number asked) of
+    /// the queue ([`waiter_count`](Self::waiter_count) counts them all).
     pub waiters: Vec<WaiterInfo>,
     /// How many entries hold permits (each may hold several: see
     /// [`in_use`](Self::in_use)), listed or not.
@@ -55,7 +75,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// How long the head of the queue has waited, if anyone waits.
+    /// How long the head of the queue has waited, if anyone waits (and the snapshot listed
+    /// at least one waiter).
     pub fn oldest_wait(&self) -> Option<Duration> {
         self.waiters.first().map(|w| w.waited)
     }

@@ -329,6 +329,84 @@ async fn stats_list_holders_and_waiters_in_queue_order() {
     }
 }
 
+/// `stats_listing` / `inspect_listing` bound the entries listed, never the counts; 1 lists the
+/// head of the queue even when the entry ahead of it is a dead waiter's (its session's lease
+/// passed, not reaped yet: a snapshot leaves it out, as the next reap removes it).
+#[tokio::test]
+async fn a_listing_bound_limits_the_entries_not_the_counts() {
+    for server in servers() {
+        let (holder, a, b) = (
+            client(&server).await,
+            client(&server).await,
+            client(&server).await,
+        );
+        let lease = Duration::from_secs(30);
+        let sem = open(&holder, "listing", 1, lease).await;
+        let held = sem.acquire().await.unwrap();
+        let mut waiting = Vec::new();
+        for (i, c) in [&a, &b, &b].into_iter().enumerate() {
+            let s = open(c, "listing", 1, lease).await;
+            waiting.push(tokio::spawn(async move { s.acquire().await.map(drop) }));
+            assert!(
+                eventually(Duration::from_secs(5), || card(&server, "listing", "queue")
+                    == i as i64 + 1)
+                .await
+            );
+        }
+        let all = sem.stats().await.unwrap();
+        assert_eq!((all.holders.len(), all.waiters.len()), (1, 3));
+
+        let counts = sem.stats_listing(0).await.unwrap();
+        assert_eq!((counts.holder_count, counts.waiter_count), (1, 3));
+        assert_eq!((counts.in_use, counts.available), (1, 0));
+        assert!(counts.holders.is_empty() && counts.waiters.is_empty());
+        assert!(counts.oldest_wait().is_none());
+
+        let head = holder.inspect_listing("listing", 1).await.unwrap();
+        assert_eq!((head.holder_count, head.waiter_count), (1, 3));
+        assert_eq!(head.holders[0].id, held.holder_id());
+        assert_eq!(head.waiters.len(), 1);
+        assert_eq!(head.waiters[0].id, all.waiters[0].id);
+        assert!(head.oldest_wait().is_some());
+
+        // the head's session (client `a`'s waiters) loses its lease in Redis
+        let dead = session_of(&server, "listing", &all.waiters[0].id);
+        server.cmd(&["ZADD", &key("listing", "exp"), "XX", "1", &dead]);
+        let after = sem.stats_listing(1).await.unwrap();
+        assert_eq!(after.waiter_count, 2, "{}", server.flavor());
+        assert_eq!(after.waiters.len(), 1, "{}", server.flavor());
+        assert_eq!(after.waiters[0].id, all.waiters[1].id);
+        assert_eq!(after.waiters[0].position, 0);
+        let two = sem.stats_listing(2).await.unwrap();
+        let ids: Vec<_> = two.waiters.iter().map(|w| w.id.clone()).collect();
+        assert_eq!(ids, [all.waiters[1].id.clone(), all.waiters[2].id.clone()]);
+
+        // a bound past MAX_LISTED is refused before any call
+        let too_many = redsem::MAX_LISTED + 1;
+        assert!(matches!(
+            sem.stats_listing(too_many).await,
+            Err(redsem::Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            holder.inspect_listing("listing", too_many).await,
+            Err(redsem::Error::InvalidArgument(_))
+        ));
+        assert_eq!(
+            sem.stats_listing(redsem::MAX_LISTED)
+                .await
+                .unwrap()
+                .waiters
+                .len(),
+            2
+        );
+
+        for w in waiting {
+            w.abort();
+        }
+        drop(held);
+    }
+}
+
 #[tokio::test]
 async fn a_limit_raised_by_another_process_counts_at_once() {
     for server in servers() {

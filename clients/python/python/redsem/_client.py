@@ -80,9 +80,11 @@ class Stats:
     in_use: int
     available: int
     holders: list[HolderInfo] = field(default_factory=list)
-    """Oldest acquisition first; at most 100 (`holder_count` counts them all)."""
+    """Oldest acquisition first; at most 100, or the `listed` asked (`holder_count` counts
+    them all)."""
     waiters: list[WaiterInfo] = field(default_factory=list)
-    """In queue (FIFO) order, from the head; at most 100 (`waiter_count` counts them all)."""
+    """In queue (FIFO) order, from the head; at most 100, or the `listed` asked
+    (`waiter_count` counts them all)."""
     holder_count: int = 0
     """Every holder, listed or not."""
     waiter_count: int = 0
@@ -525,9 +527,12 @@ class Semaphore:
         permit = await self.acquire(timeout=timeout)
         return await permit.run(coro)
 
-    async def stats(self) -> Stats:
-        """A snapshot of the semaphore (one script call)."""
-        return Stats._from_json(await self._native.stats())
+    async def stats(self, listed: int = 100) -> Stats:
+        """A snapshot of the semaphore (one read-only script call): the counts of every holder
+        and waiter, and at most `listed` of each (0: the counts alone; 1: the head of the
+        queue, what `oldest_wait` needs; at most 1000). Its Redis time grows with the entries
+        listed, never with the queue."""
+        return Stats._from_json(await self._native.stats(listed))
 
     async def resize(self, new_limit: int) -> Resized:
         """Changes the limit for every process; returns the previous and new limit and the
@@ -734,9 +739,10 @@ class Client:
         before 7.0) or refuses the library."""
         return await (await self._get()).load_library()
 
-    async def inspect(self, name: str) -> Stats:
-        """`Stats` of an existing semaphore, never creating it (`UnknownSemaphore`)."""
-        return Stats._from_json(await (await self._get()).inspect(name))
+    async def inspect(self, name: str, listed: int = 100) -> Stats:
+        """`Stats` of an existing semaphore, never creating it (`UnknownSemaphore`), listing
+        at most `listed` holders and waiters (as `Semaphore.stats`)."""
+        return Stats._from_json(await (await self._get()).inspect(name, listed))
 
     async def resize_existing(self, name: str, new_limit: int) -> Resized:
         """`Semaphore.resize` of an existing semaphore (`UnknownSemaphore`, never creating

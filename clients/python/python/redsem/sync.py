@@ -68,8 +68,8 @@ class Client:
         `redsem.Client.load_library`."""
         return self._run(self._client.load_library())
 
-    def inspect(self, name: str) -> Stats:
-        return self._run(self._client.inspect(name))
+    def inspect(self, name: str, listed: int = 100) -> Stats:
+        return self._run(self._client.inspect(name, listed))
 
     def resize_existing(self, name: str, new_limit: int) -> Resized:
         return self._run(self._client.resize_existing(name, new_limit))
@@ -167,8 +167,8 @@ class Semaphore:
 
         return Permit(self._client, self._client._run(go()))
 
-    def stats(self) -> Stats:
-        return self._client._run(self._sem.stats())
+    def stats(self, listed: int = 100) -> Stats:
+        return self._client._run(self._sem.stats(listed))
 
     def resize(self, new_limit: int) -> Resized:
         return self._client._run(self._sem.resize(new_limit))

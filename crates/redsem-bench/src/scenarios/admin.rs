@@ -3,11 +3,14 @@
 //!
 //! - `open`: `Client::semaphore(name, limit).open()` and `close()` of the handle, on a client
 //!   connected beforehand (its handshake is not counted; its first subscription is);
-//! - `stats`: `Client::inspect(name)`, what `redsem stats` calls;
+//! - `stats`: `Client::inspect(name)`, what `redsem stats` calls (it lists the first 100
+//!   holders and waiters);
+//! - `counts`: `Client::inspect_listing(name, 1)`: the counts and the head of the queue, what
+//!   `redsem list` reads of each semaphore (and `redsem run`'s message, with 0 listed);
 //! - `run`: one whole `redsem run --limit L --timeout 50ms NAME -- true` process (this binary
 //!   re-executed as `redsem-bench redsem ...`, which runs exactly what the `redsem` binary
 //!   runs): connect, open, acquire; with free permits (0 waiters) it runs `true` and releases;
-//!   behind waiters it queues, gives up after 50 ms, leaves the queue and reads `inspect`
+//!   behind waiters it queues, gives up after 50 ms, leaves the queue and reads the counts
 //!   for its message (exit 124). Every row runs the same command line; the paths differ.
 //!
 //! Rows: 0, 1,000, 3,000 and 10,000 waiters on a semaphore of limit 10, and an idle one of
@@ -76,26 +79,30 @@ pub enum Op {
     Open,
     /// `inspect`, as `redsem stats`.
     Stats,
+    /// `inspect_listing(name, 1)`, as `redsem list`.
+    Counts,
     /// One `redsem run` process.
     Run,
 }
 
 impl Op {
     /// Every operation, in table order.
-    pub const ALL: [Op; 3] = [Op::Open, Op::Stats, Op::Run];
+    pub const ALL: [Op; 4] = [Op::Open, Op::Stats, Op::Counts, Op::Run];
 
     /// The name, also the prefix of its figures (`open_redis_us`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Op::Open => "open",
             Op::Stats => "stats",
+            Op::Counts => "counts",
             Op::Run => "run",
         }
     }
 
-    /// Whether the latency target applies to it.
+    /// Whether the latency target applies to it (`counts` is shown beside `stats`: what
+    /// a snapshot costs when it lists one entry rather than a hundred).
     pub fn has_target(self) -> bool {
-        self != Op::Run
+        matches!(self, Op::Open | Op::Stats)
     }
 }
 
@@ -131,7 +138,8 @@ pub(super) fn variants(scale: f64, a: &RunArgs) -> Vec<ScenarioParams> {
 /// One line for reports (the table heading).
 pub(super) fn describe(p: &ScenarioParams) -> String {
     format!(
-        "Redis time of `open`, `stats` (inspect) and `redsem run --timeout {RUN_TIMEOUT} -- true`, \
+        "Redis time of `open`, `stats` (inspect: 100 listed), `counts` (inspect_listing 1) and \
+         `redsem run --timeout {RUN_TIMEOUT} -- true`, \
          each {} times, behind N waiters (limit {SMALL_LIMIT}, one holder holding it) and on an idle \
          semaphore of limit {BIG_LIMIT}; private redis-server, INFO commandstats minus an idle window",
         p.jobs_per_proc
@@ -314,6 +322,7 @@ async fn once(
     match op {
         Op::Open => client.semaphore(NAME, p.limit).open().await?.close(),
         Op::Stats => drop(client.inspect(NAME).await?),
+        Op::Counts => drop(client.inspect_listing(NAME, 1).await?),
         Op::Run => {
             let out = redsem_run(&h.redis_url, p.limit).await?;
             // 0: run with free permits; 124: gave up behind the waiters, as it should

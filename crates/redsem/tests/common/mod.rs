@@ -31,7 +31,7 @@ pub async fn open(
         .unwrap()
 }
 
-fn key(name: &str, suffix: &str) -> String {
+pub fn key(name: &str, suffix: &str) -> String {
     format!("redsem:{{{name}}}:{suffix}")
 }
 

@@ -54,13 +54,15 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0,
 end
 
 local expiry = {} -- session -> lease expiry (ms), read once each
--- {id, record, expiry, ...} of the entries `ids` that have a record and were not left out
-local function entries(ids)
+-- {id, record, expiry, ...} of the entries `ids` that have a record and were not left out,
+-- at most `cap` of them
+local function entries(ids, cap)
   local arr = {}
   if #ids == 0 then return arr end
   local raws = redis.call('HMGET', K_META, unpack(ids))
   for i, id in ipairs(ids) do
     local raw = raws[i]
+    if #arr >= 3 * cap then break end
     if raw and not dead[id] then
       local sid = raw_sess_of(raw) or sess_of(decode(raw)) -- (decode names a bad record)
       if expiry[sid] == nil then
@@ -87,8 +89,11 @@ for _ = 1, (max > 0 and 8 or 0) do
   end
   if cursor == '0' or #holder_ids >= max then break end
 end
-local waiting = max > 0 and redis.call('ZRANGE', K_QUEUE, from, from + max - 1) or {}
-local h, w = entries(holder_ids), entries(waiting)
+-- (as many more as are left out, so that `max` are listed when there are: the head of the
+-- queue is listed even when it is a dead waiter's turn, which the next reap removes)
+local waiting = max > 0 and redis.call('ZRANGE', K_QUEUE, from, from + max - 1 + gone_waiters)
+  or {}
+local h, w = entries(holder_ids, max), entries(waiting, max)
 local queued = redis.call('ZCARD', K_QUEUE)
 local holders = redis.call('HLEN', K_META) - queued - gone_holders
 if holders < 0 then holders = 0 end
