@@ -23,6 +23,12 @@ run() {
     fi
 }
 
+# On CI (a fresh clone, built once) incremental compilation only costs: its caches are
+# written for builds that never come.
+if [ "${CI:-}" = true ]; then
+    export CARGO_INCREMENTAL=0
+fi
+
 step "install-deps"
 bash scripts/install-deps.sh
 
