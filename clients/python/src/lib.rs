@@ -383,13 +383,14 @@ impl Client {
 
     /// The `Stats` as JSON (the schema of `redsem stats --json`), listing at most `listed`
     /// holders and waiters (`Client::inspect_listing`).
-    #[pyo3(signature = (name, listed=redsem::STATS_LISTED))]
+    #[pyo3(signature = (name, listed=redsem::STATS_LISTED as i64))]
     fn inspect<'py>(
         &self,
         py: Python<'py>,
         name: String,
-        listed: usize,
+        listed: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let listed = to_listed(py, listed)?;
         let c = self.inner.clone();
         spawn(py, async move {
             let s = c
@@ -483,6 +484,17 @@ impl Client {
     }
 }
 
+/// How many entries a snapshot lists, as `InvalidArgument` when negative (the library
+/// refuses more than `MAX_LISTED`).
+fn to_listed(py: Python<'_>, v: i64) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| {
+        to_py(
+            py,
+            Error::InvalidArgument(format!("a snapshot lists 0 or more entries, not {v}")),
+        )
+    })
+}
+
 fn stats_json(s: &redsem::Stats) -> Result<String, Failure> {
     serde_json::to_string(s)
         .map_err(|e| Failure::Runtime(format!("cannot serialise the stats: {e}")))
@@ -558,8 +570,9 @@ impl Semaphore {
         })
     }
 
-    #[pyo3(signature = (listed=redsem::STATS_LISTED))]
-    fn stats<'py>(&self, py: Python<'py>, listed: usize) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (listed=redsem::STATS_LISTED as i64))]
+    fn stats<'py>(&self, py: Python<'py>, listed: i64) -> PyResult<Bound<'py, PyAny>> {
+        let listed = to_listed(py, listed)?;
         let s = self.inner.clone();
         spawn(py, async move {
             let st = s.stats_listing(listed).await.map_err(Failure::from)?;

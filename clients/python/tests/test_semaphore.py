@@ -100,6 +100,8 @@ async def test_a_snapshot_lists_at_most_what_it_is_asked(server: Server, name: s
         assert head.oldest_wait is not None
         with pytest.raises(redsem.InvalidArgument, match="at most 1000"):
             await sem.stats(1001)
+        with pytest.raises(redsem.InvalidArgument, match="0 or more"):
+            await c.inspect(name, -1)
         await first.release()
         for t in tasks:
             await (await t).release()
