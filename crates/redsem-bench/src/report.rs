@@ -627,8 +627,10 @@ PING) over N operations in a row, minus an idle window as long, / N, on a privat
 *vs 0 waiters, limit 10*: the ratio to that row's median; *round trips/op*: those commands'
 calls; *commands inside scripts/op*: every other command's calls; *client ms/op*: wall time of
 the N operations / N; `open` = open + close of a handle on a connected client, `stats` =
-`inspect` (as `redsem stats`), `run` = one `redsem run --limit L --timeout 50ms NAME -- true`
-process (with waiters it queues, gives up, leaves the queue and calls `inspect`).
+`inspect` (as `redsem stats`: 100 holders and waiters listed at most), `counts` =
+`inspect_listing(name, 1)` (as `redsem list`: the counts and the head of the queue), `run` = one
+`redsem run --limit L --timeout 50ms NAME -- true` process (with waiters it queues, gives up,
+leaves the queue and reads the counts, `inspect_listing(name, 0)`, for its message).
 ";
 
 /// Writes the report as pretty JSON.
