@@ -91,8 +91,8 @@ impl Client {
     ///
     /// Cost: one read-only round trip; Redis time grows with the entries listed (each is
     /// read and sent: a few µs), never with the length of the queue or the limit. Counting
-    /// alone (0 or 1) costs what inspecting an empty semaphore does; listing 100 waiters
-    /// costs several times that.
+    /// alone (0 or 1) costs about what inspecting an empty semaphore does (1.2–1.8x behind
+    /// 1,000 to 10,000 waiters in the bench's `admin` scenario); listing 100 waiters, 8x.
     ///
     /// # Errors
     /// As [`inspect`](Self::inspect); [`Error::InvalidArgument`] for `listed` above
