@@ -92,6 +92,7 @@ async def test_a_snapshot_lists_at_most_what_it_is_asked(server: Server, name: s
             tasks.append(asyncio.ensure_future(sem.acquire(timeout=30)))
             await until(lambda: n_waiting(sem, i + 1))
         full = await sem.stats()
+        assert len(full.waiters) == 3 <= redsem.STATS_LISTED
         counts = await sem.stats(0)
         assert (counts.holder_count, counts.waiter_count) == (1, 3)
         assert (counts.holders, counts.waiters, counts.oldest_wait) == ([], [], None)
@@ -99,7 +100,7 @@ async def test_a_snapshot_lists_at_most_what_it_is_asked(server: Server, name: s
         assert [w.id for w in head.waiters] == [full.waiters[0].id]
         assert head.oldest_wait is not None
         with pytest.raises(redsem.InvalidArgument, match="at most 1000"):
-            await sem.stats(1001)
+            await sem.stats(redsem.MAX_LISTED + 1)
         with pytest.raises(redsem.InvalidArgument, match="0 or more"):
             await c.inspect(name, -1)
         await first.release()

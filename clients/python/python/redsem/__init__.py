@@ -75,6 +75,10 @@ MAX_DURATION: float = _native.MAX_DURATION
 """The longest lease, timeout or interval accepted, in seconds."""
 DEFAULT_PREFIX: str = _native.DEFAULT_PREFIX
 """The default key prefix."""
+STATS_LISTED: int = _native.STATS_LISTED
+"""Holders and waiters a snapshot lists by default (`stats()`, `inspect(name)`)."""
+MAX_LISTED: int = _native.MAX_LISTED
+"""The most holders and waiters a snapshot may list (`stats(listed)`)."""
 
 # Tokio's runtime and the parent's sockets cannot be used in a forked child: every native
 # entry point refuses there with a clear error instead of hanging.
@@ -87,7 +91,9 @@ __all__ = [
     "DEFAULT_PREFIX",
     "MAX_DURATION",
     "MAX_LIMIT",
+    "MAX_LISTED",
     "MAX_NAME_LEN",
+    "STATS_LISTED",
     "AcquireContext",
     "AcquireOptions",
     "AuthError",

@@ -527,10 +527,10 @@ class Semaphore:
         permit = await self.acquire(timeout=timeout)
         return await permit.run(coro)
 
-    async def stats(self, listed: int = 100) -> Stats:
+    async def stats(self, listed: int = _native.STATS_LISTED) -> Stats:
         """A snapshot of the semaphore (one read-only script call): the counts of every holder
         and waiter, and at most `listed` of each (0: the counts alone; 1: the head of the
-        queue, what `oldest_wait` needs; at most 1000). Its Redis time grows with the entries
+        queue, what `oldest_wait` needs; at most `MAX_LISTED`, 1000). Its Redis time grows with the entries
         listed, never with the queue."""
         return Stats._from_json(await self._native.stats(listed))
 
@@ -739,7 +739,7 @@ class Client:
         before 7.0) or refuses the library."""
         return await (await self._get()).load_library()
 
-    async def inspect(self, name: str, listed: int = 100) -> Stats:
+    async def inspect(self, name: str, listed: int = _native.STATS_LISTED) -> Stats:
         """`Stats` of an existing semaphore, never creating it (`UnknownSemaphore`), listing
         at most `listed` holders and waiters (as `Semaphore.stats`)."""
         return Stats._from_json(await (await self._get()).inspect(name, listed))

@@ -14,8 +14,10 @@ __all__ = [
     "FencedStore",
     "MAX_DURATION",
     "MAX_LIMIT",
+    "MAX_LISTED",
     "MAX_NAME_LEN",
     "Permit",
+    "STATS_LISTED",
     "Semaphore",
     "cli_main",
     "connect",
@@ -25,6 +27,8 @@ MAX_LIMIT: int
 MAX_NAME_LEN: int
 MAX_DURATION: float
 DEFAULT_PREFIX: str
+STATS_LISTED: int
+MAX_LISTED: int
 
 def connect(
     url: str,

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from . import _client
+from . import _client, _native
 from ._client import AcquireOptions, Fence, ForceReleased, Resized, Stats
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ class Client:
         `redsem.Client.load_library`."""
         return self._run(self._client.load_library())
 
-    def inspect(self, name: str, listed: int = 100) -> Stats:
+    def inspect(self, name: str, listed: int = _native.STATS_LISTED) -> Stats:
         return self._run(self._client.inspect(name, listed))
 
     def resize_existing(self, name: str, new_limit: int) -> Resized:
@@ -167,7 +167,7 @@ class Semaphore:
 
         return Permit(self._client, self._client._run(go()))
 
-    def stats(self, listed: int = 100) -> Stats:
+    def stats(self, listed: int = _native.STATS_LISTED) -> Stats:
         return self._client._run(self._sem.stats(listed))
 
     def resize(self, new_limit: int) -> Resized:
