@@ -13,7 +13,8 @@
 --                                     2: enough free, but others are queued ahead (FIFO)
 --        {-2, limit}                  n exceeds the limit
 --        Each reply ends with one more element: the permits free once the whole batch was
---        handled (a snapshot for Semaphore::available_permits).
+--        handled (a snapshot for Semaphore::available_permits), in the place of the `false`
+--        each is built with.
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
 local limit = load_limit() -- (it reads `own` before any write: see check_lost)
@@ -38,14 +39,16 @@ if k > 1 then
 end
 
 local function one(id, n, lease, wait_lease, channel, label, mode, priority)
-  if n > limit then return { -2, limit } end
+  if n > limit then return { -2, limit, false } end
   local m
   if stored then m = (BUF and BUF.rec[id]) or stored[id] else m = get_meta(id) end
   if m then
-    if m.s then return held_reply(m) end
-    return { 0, m.t, false }
+    if m.s then return held_reply(m, false) end
+    return { 0, m.t, false, false }
   end
-  m = { n = n, c = channel, l = lease, w = wait_lease, lb = label, q = now }
+  -- (every field a grant sets is in the constructor: the table is sized once)
+  m = { n = n, t = 0, c = channel, l = lease, w = wait_lease, lb = label, q = now_ms_s(),
+    a = nil, s = nil, ss = nil, f = nil, g = nil }
   if priority > 0 then m.p = priority end
   -- Capacity goes to the queue first: a request is granted at once only if nobody is queued
   -- ahead of it. Without a priority everyone queued is ahead (their places are below any new
@@ -54,7 +57,7 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
     if QLEN == 0 then
       head = math.huge
     else
-      local h = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+      local h = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
       head = #h > 0 and tonumber(h[2]) or math.huge
     end
   end
@@ -68,18 +71,19 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
     m.t = next_ticket()
     if grant(id, m, now, true, limit) then
       used = used + n
-      return held_reply(m)
+      return held_reply(m, false)
     end
     fits = false -- the holders were more than they looked (repaired)
     used = held_count()
   end
-  if mode == 'try' then return { -1, (queued and fits) and 2 or 1 } end
+  if mode == 'try' then return { -1, (queued and fits) and 2 or 1, false } end
   -- Queue at its place: behind a head that cannot be granted (see settle), or at the head
   -- itself when it does not fit; either way nobody can be granted yet.
   m.t = next_ticket()
   if place < head then head = place end
-  write_entry(id, m, nil, place, sess_of(m), now + m.w)
-  return { 0, m.t, false } -- (the next expiry is filled in once the batch is written)
+  write_entry(id, m, nil, place, sess_of(m), m.w)
+  -- (the next expiry is filled in once the batch is written)
+  return { 0, m.t, false, false }
 end
 
 -- A batch's writes are gathered and made at the end, one command per key (prelude's BUF).
@@ -87,8 +91,12 @@ if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp
 local replies = {}
 for j = 0, k - 1 do
   local b = 5 + 8 * j
-  replies[j + 1] = one(ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
-    tonumber(ARGV[b + 3]), ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], tonumber(ARGV[b + 7]))
+  -- (the leases are kept as the strings they came as: records store them, sessions are named
+  -- by them)
+  -- (and the common n = 1, priority 0 without parsing them)
+  local n, p = ARGV[b + 1], ARGV[b + 7]
+  replies[j + 1] = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2], ARGV[b + 3],
+    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))
 end
 flush()
 local expiry = nil
@@ -101,5 +109,5 @@ end
 finish()
 local free = limit - used
 if free < 0 then free = 0 end
-for _, r in ipairs(replies) do r[#r + 1] = free end
+for _, r in ipairs(replies) do r[#r] = free end
 return replies

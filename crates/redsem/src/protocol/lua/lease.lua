@@ -24,16 +24,16 @@ if not m or not m.s then finish(); return { -1 } end
 local me, adopt = ARGV[6], ARGV[7] == '1'
 if me and not adopt and (m.o or m.c) ~= me then finish(); return { -3 } end
 local old, detached = sess_of(m), m.o
-m.l = tonumber(ARGV[5])
+m.l = ARGV[5] -- (a decimal string, as records keep it)
 if adopt then m.c = me; m.o = nil end
 local new = sess_of(m)
 if old ~= new then
   redis.call('ZREM', K_OWN, old .. '|' .. id)
-  redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
+  redis.call('ZADD', K_OWN, '0', new .. '|' .. id)
   -- a detached entry's session was its own: nobody renews or ends it
   if adopt and detached then redis.call('ZREM', K_EXP, old) end
 end
-redis.call('ZADD', K_EXP, 'GT', now + m.l, new)
+redis.call('ZADD', K_EXP, 'GT', int(now + m.l), new)
 redis.call('HSET', K_META, id, encode(m))
 finish()
 return held_reply(m)

@@ -49,16 +49,30 @@ local CREATED = false -- set when this call had to (re)create the configuration
 -- Protocol version of these keys and messages (docs/PROTOCOL.md, "Versioning"). A script
 -- refuses a semaphore written under another version rather than misread it.
 local PROTOCOL = 4
+local PROTOCOL_S = PROTOCOL .. ''
+
+-- Integers as decimal strings. A number passed to redis.call, or joined with `..`, is written
+-- by sprintf("%.17g") or ("%.14g"): about 1 µs each for a timestamp, several times what '%d'
+-- costs; so what the hot paths pass on is formatted with this, or kept as the string it came
+-- as (docs/PROTOCOL.md, "Records"). (`string` is looked up when called: a library's top level
+-- runs where only `redis` is defined.)
+local function int(x) return string.format('%d', x) end
 
 -- Redis TIME, read once per call (and only by calls that need it): NOW_MS for leases,
--- NOW_US for fence generations.
-local NOW_MS, NOW_US
+-- NOW_US for fence generations, NOW_MS_S the decimal string of NOW_MS (what records store).
+local NOW_MS, NOW_US, NOW_MS_S
 local function now_ms()
   if NOW_MS then return NOW_MS end
   local t = redis.call('TIME')
-  NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local us = tonumber(t[2])
+  NOW_US = tonumber(t[1]) * 1000000 + us
   NOW_MS = math.floor(NOW_US / 1000)
+  NOW_MS_S = string.format('%s%03d', t[1], math.floor(us / 1000))
   return NOW_MS
+end
+local function now_ms_s()
+  if not NOW_MS_S then now_ms() end
+  return NOW_MS_S
 end
 
 -- A failing script writes nothing: Redis does not roll a script back, so every key a script
@@ -74,8 +88,11 @@ local function check_all()
 end
 
 -- The counters of cfg, read by load_limit and written once by finish() (one HSET instead of
--- one call per ticket, grant and generation).
+-- one call per ticket, grant and generation), and W: their values as cfg holds them (an
+-- absent field is 0; none known before load_limit read them, or while cfg is created), which
+-- finish() does not write again.
 local SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+local W = {}
 local CFG_DIRTY = false
 -- The number of members of `queue`, kept in cfg.qlen by every write of the queue (the
 -- replies of ZADD and ZREM count what changed): a queue shorter than qlen was lost
@@ -133,12 +150,15 @@ local function queue_remove(list)
   CFG_DIRTY = true
 end
 
--- An entry's record (the `meta` hash) as a table: n, t, l, w (numbers), p (number, nil for
--- class 0), c, o (nil unless detached), q, a (nil while queued), s (slot numbers) and f (their
--- fences, decimal strings; both nil while queued), and `tail`: the label's length, '|' and the
--- label (what follows, a later version's fields, is kept as it is). A new record has `lb`, its
--- label, instead of `tail`. One string.match decodes a record; no number is formatted or parsed
--- that is only passed on (docs/PROTOCOL.md, "Records").
+-- An entry's record (the `meta` hash) as a table: n, t (numbers), p (number, nil for class 0),
+-- c, o (nil unless detached), l, w (decimal strings: only passed on, or added to a time), q, a
+-- (decimal strings; a nil while queued), s (slot numbers), ss (the same as decimal strings,
+-- built when first needed: slot_strs) and f (their fences, decimal strings; s and f nil while
+-- queued), and `tail`: the label's length, '|' and the label (what follows, a later
+-- version's fields, is kept as it is). A new record has `lb`, its label, instead of `tail`;
+-- a record granted by this call has `g`, its generation as a number (held_reply). One
+-- string.match decodes a record; no number is formatted or parsed that is only passed on
+-- (docs/PROTOCOL.md, "Records").
 local RECORD = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|'
   .. '([^|]*)|([^|]*)|(.*)$'
 
@@ -148,30 +168,46 @@ local function decode(raw)
     error({ err = 'REDSEM_CORRUPT unreadable record in key ' .. K_META .. ': '
       .. string.format('%q', string.sub(raw, 1, 60)) })
   end
-  local m = { n = tonumber(n), t = tonumber(t), c = c, l = tonumber(l), w = tonumber(w), q = q,
-    tail = tail }
+  -- (every field is in the constructor, so that the table is sized once; n = 1 is not parsed)
+  local m = { n = n == '1' and 1 or tonumber(n), t = tonumber(t), c = c, l = l, w = w, q = q,
+    tail = tail, p = nil, o = nil, a = nil, s = nil, ss = nil, f = nil }
   if p ~= '' then m.p = tonumber(p) end
   if o ~= '' then m.o = o end
   if a ~= '' then
     m.a = a
     if string.find(s, ',', 1, true) then
-      local slots, fences = {}, {}
-      for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x) end
+      local slots, strs, fences = {}, {}, {}
+      for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x); strs[#strs + 1] = x end
       for x in string.gmatch(f, '[^,]+') do fences[#fences + 1] = x end
-      m.s, m.f = slots, fences
+      m.s, m.ss, m.f = slots, strs, fences
     else
-      m.s, m.f = { tonumber(s) }, { f }
+      m.s, m.ss, m.f = { tonumber(s) }, { s }, { f }
     end
   end
   return m
 end
 
+-- The slots of a holder's record as decimal strings (what redis.call is given).
+local function slot_strs(m)
+  local ss = m.ss
+  if not ss then
+    ss = {}
+    for i, s in ipairs(m.s) do ss[i] = int(s) end
+    m.ss = ss
+  end
+  return ss
+end
+
+-- (the numbers n and t are formatted, the rest are strings already; no string goes through
+-- string.format's %s, which would cut a label at a NUL byte)
 local function encode(m)
   local s, f = '', ''
-  if m.s then s = table.concat(m.s, ','); f = table.concat(m.f, ',') end
-  return m.n .. '|' .. m.t .. '|' .. (m.p or '') .. '|' .. m.c .. '|' .. (m.o or '') .. '|'
-    .. m.l .. '|' .. m.w .. '|' .. m.q .. '|' .. (m.a or '') .. '|' .. s .. '|' .. f .. '|'
-    .. (m.tail or (#m.lb .. '|' .. m.lb))
+  if m.s then s = table.concat(slot_strs(m), ','); f = table.concat(m.f, ',') end
+  local tail = m.tail
+  if not tail then tail = (m.lb == '' and '0' or int(#m.lb)) .. '|' .. m.lb end
+  return string.format('%d|%d|', m.n, m.t) .. (m.p and int(m.p) or '') .. '|' .. m.c .. '|'
+    .. (m.o or '') .. '|' .. m.l .. '|' .. m.w .. '|' .. m.q .. '|' .. (m.a or '') .. '|' .. s
+    .. '|' .. f .. '|' .. tail
 end
 
 -- The label of a record.
@@ -198,15 +234,18 @@ local function flush()
     CFG_DIRTY = true
   end)
   in_chunks(b.own, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-  for _, sid in ipairs(b.sids) do redis.call('ZADD', K_EXP, 'GT', b.exp[sid], sid) end
+  for _, sid in ipairs(b.sids) do redis.call('ZADD', K_EXP, 'GT', int(b.exp[sid]), sid) end
   in_chunks(b.meta, function(a) redis.call('HSET', K_META, unpack(a)) end)
 end
 
 -- Writes the record of `id`, and with it (each if given) its slot mappings `map` (slot, id,
--- slot, id...), its queue entry at `score`, and its entry in the session `sid`, whose
--- lease is raised to at least `until_ms`.
-local function write_entry(id, m, map, score, sid, until_ms)
+-- slot, id..., the slots as decimal strings), its queue entry at `score`, and its entry in the
+-- session `sid` (whose lease is `lease` ms, a decimal string), whose lease is raised to at
+-- least now + `lease`.
+local function write_entry(id, m, map, score, sid, lease)
   local b = BUF
+  -- (a place without a priority is a ticket: an integer, written as one)
+  if score and not m.p then score = int(score) end
   if b then
     if map then
       local t = b.slots
@@ -217,12 +256,10 @@ local function write_entry(id, m, map, score, sid, until_ms)
       t[#t + 1] = score; t[#t + 1] = id
     end
     if sid then
-      local e = b.exp[sid]
-      if not e then
+      -- (the lease is part of the session's name: one per session and call)
+      if not b.exp[sid] then
         b.sids[#b.sids + 1] = sid
-        b.exp[sid] = until_ms
-      elseif until_ms > e then
-        b.exp[sid] = until_ms
+        b.exp[sid] = now_ms() + lease
       end
       local t = b.own
       t[#t + 1] = '0'; t[#t + 1] = sid .. '|' .. id
@@ -235,8 +272,8 @@ local function write_entry(id, m, map, score, sid, until_ms)
   if map then redis.call('HSET', K_SLOTS, unpack(map)) end
   if score then queue_add(score, id) end
   if sid then
-    redis.call('ZADD', K_EXP, 'GT', until_ms, sid)
-    redis.call('ZADD', K_OWN, 0, sid .. '|' .. id)
+    redis.call('ZADD', K_EXP, 'GT', int(now_ms() + lease), sid)
+    redis.call('ZADD', K_OWN, '0', sid .. '|' .. id)
   end
   redis.call('HSET', K_META, id, encode(m))
 end
@@ -293,7 +330,7 @@ local function next_generation()
   if not NOW_US then now_ms() end
   GEN = math.max(GEN + 1, NOW_US)
   CFG_DIRTY = true
-  return string.format('%.0f', GEN)
+  return int(GEN)
 end
 
 -- The highest ticket granted in each priority class by this call (class -> ticket), written
@@ -321,13 +358,17 @@ end
 local function finish()
   if SLOTS_FREED then tidy_free() end
   if CFG_DIRTY then
-    local args = { 'seq', string.format('%d', SEQ), 'gen', string.format('%.0f', GEN),
-      'grants', string.format('%d', GRANTS), 'qlen', string.format('%d', QLEN),
-      'hw', string.format('%d', HW) }
-    if EXPIRED + REPAIRS ~= 0 then
-      args[11] = 'expired'; args[12] = string.format('%d', EXPIRED)
-      args[13] = 'repairs'; args[14] = string.format('%d', REPAIRS)
-    end
+    -- (only the counters that differ from what cfg holds: W)
+    local args = {}
+    if SEQ ~= W.seq then args[#args + 1] = 'seq'; args[#args + 1] = int(SEQ) end
+    if GEN ~= W.gen then args[#args + 1] = 'gen'; args[#args + 1] = int(GEN) end
+    if GRANTS ~= W.grants then args[#args + 1] = 'grants'; args[#args + 1] = int(GRANTS) end
+    if QLEN ~= W.qlen then args[#args + 1] = 'qlen'; args[#args + 1] = int(QLEN) end
+    if HW ~= W.hw then args[#args + 1] = 'hw'; args[#args + 1] = int(HW) end
+    if EXPIRED ~= W.expired then args[#args + 1] = 'expired'; args[#args + 1] = int(EXPIRED) end
+    if REPAIRS ~= W.repairs then args[#args + 1] = 'repairs'; args[#args + 1] = int(REPAIRS) end
+    W = { seq = SEQ, gen = GEN, grants = GRANTS, qlen = QLEN, hw = HW, expired = EXPIRED,
+      repairs = REPAIRS }
     if SERVED then -- (a grant made CFG_DIRTY)
       for c, t in pairs(SERVED) do
         args[#args + 1] = 's' .. c; args[#args + 1] = string.format('%d', t)
@@ -335,7 +376,7 @@ local function finish()
       end
       SERVED = nil
     end
-    redis.call('HSET', K_CFG, unpack(args))
+    if #args > 0 then redis.call('HSET', K_CFG, unpack(args)) end
     CFG_DIRTY = false
   end
 end
@@ -361,13 +402,21 @@ end
 -- Gives back the slots `slots` (numbers) of a holder that is gone: the slot just below the
 -- high-water mark lowers it, any other below the limit is listed free (one call for all).
 -- (A slot at or above the limit, after a shrink, is simply no longer held.)
-local function return_slots(slots, limit)
+-- `strs` (optional): the same slots as decimal strings, in the same order.
+local function return_slots(slots, limit, strs)
   SLOTS_FREED = true
+  local str_of = nil -- slot -> its string, once sorted
   if #slots > 1 then -- (highest first: each may lower the mark for the next)
     local sorted = {}
-    for i, s in ipairs(slots) do sorted[i] = s end
+    if strs then str_of = {} end
+    for i, s in ipairs(slots) do
+      sorted[i] = s
+      if strs then str_of[s] = strs[i] end
+    end
     table.sort(sorted)
     slots = sorted
+  elseif strs and slots[1] then
+    str_of = { [slots[1]] = strs[1] }
   end
   local add = {}
   for i = #slots, 1, -1 do
@@ -376,26 +425,45 @@ local function return_slots(slots, limit)
       HW = s
       CFG_DIRTY = true
     elseif s < limit then
-      add[#add + 1] = s; add[#add + 1] = s
+      local x = str_of and str_of[s] or int(s)
+      add[#add + 1] = x; add[#add + 1] = x
     end
   end
+  if #add == 0 then return end
+  if #add <= 4000 then return redis.call('ZADD', K_FREE, unpack(add)) end
   in_chunks(add, function(a) redis.call('ZADD', K_FREE, unpack(a)) end)
 end
 
 -- Takes up to n free slots, lowest first: those listed in `free` (all below the high-water
 -- mark), then the unlisted ones from the mark up to the limit (raising it). Returns them
--- (numbers, ascending) and what was popped from `free` (ZPOPMIN's reply). The rule that a
--- grant takes the lowest free slots holds: every listed slot is below the mark.
+-- (numbers, ascending), the same as decimal strings, and what was popped from `free`
+-- (ZPOPMIN's reply). The rule that a grant takes the lowest free slots holds: every listed
+-- slot is below the mark.
 local function pop_free(n, limit)
-  local popped = redis.call('ZPOPMIN', K_FREE, n)
-  local slots = {}
-  for i = 1, #popped, 2 do slots[#slots + 1] = tonumber(popped[i]) end
+  local popped
+  if n == 1 then -- (the common case, without growing a table)
+    popped = redis.call('ZPOPMIN', K_FREE, '1')
+    local x = popped[1]
+    if x then return { tonumber(x) }, { x }, popped end
+    if HW < limit then
+      HW = HW + 1
+      CFG_DIRTY = true
+      return { HW - 1 }, { int(HW - 1) }, popped
+    end
+    return {}, {}, popped
+  end
+  popped = redis.call('ZPOPMIN', K_FREE, int(n))
+  local slots, strs = {}, {}
+  for i = 1, #popped, 2 do
+    local x = popped[i]
+    slots[#slots + 1] = tonumber(x); strs[#strs + 1] = x
+  end
   while #slots < n and HW < limit do
-    slots[#slots + 1] = HW
+    slots[#slots + 1] = HW; strs[#strs + 1] = int(HW)
     HW = HW + 1
     CFG_DIRTY = true
   end
-  return slots, popped
+  return slots, strs, popped
 end
 
 -- What only a key loss, a session's expiry: built on first use, so that a
@@ -606,23 +674,24 @@ local function rare()
     local hold_sid = sess_of(m)
     local until_ms = redis.call('ZSCORE', K_EXP, wait_sid)
     redis.call('ZREM', K_OWN, wait_sid .. '|' .. id)
-    redis.call('ZADD', K_OWN, 0, hold_sid .. '|' .. id)
+    redis.call('ZADD', K_OWN, '0', hold_sid .. '|' .. id)
     if until_ms then redis.call('ZADD', K_EXP, 'GT', until_ms, hold_sid) end
   end
 
   -- The free slots were fewer than the capacity check promised (a lost `free` set, or a
   -- slot map that made the holders look fewer): put back what was popped, repair, and check
-  -- the capacity again. Returns the slots to grant, or nil when there is no capacity.
+  -- the capacity again. Returns the slots to grant (numbers, and as strings), or nil when
+  -- there is no capacity.
   function R.short_free(popped, n, limit)
     for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
     R.repair(limit)
     if held_count() + n > limit then return nil end
-    local slots = pop_free(n, limit)
+    local slots, strs = pop_free(n, limit)
     if #slots ~= n then
       corrupt('semaphore free slots (key ' .. K_FREE .. ') do not match its holders (key '
         .. K_SLOTS .. ') after a repair')
     end
-    return slots
+    return slots, strs
   end
 
   RARE = R
@@ -646,10 +715,11 @@ drop_entry = function(id, m, limit, tomb)
   if m then
     local sid = sess_of(m)
     redis.call('ZREM', K_OWN, sid .. '|' .. id)
-    if tomb then redis.call('ZADD', K_OWN, 0, sid .. '|' .. tomb .. id) end
+    if tomb then redis.call('ZADD', K_OWN, '0', sid .. '|' .. tomb .. id) end
     if m.s then
-      redis.call('HDEL', K_SLOTS, unpack(m.s))
-      return_slots(m.s, limit)
+      local ss = slot_strs(m)
+      redis.call('HDEL', K_SLOTS, unpack(ss))
+      return_slots(m.s, limit, ss)
     else
       queue_remove({ id })
     end
@@ -674,7 +744,8 @@ end
 
 -- Removes every entry of every session whose lease expired (holders and waiters alike).
 local function reap(now, limit)
-  local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 64)
+  local dead = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now == NOW_MS and NOW_MS_S or int(now),
+    'LIMIT', '0', '64')
   if #dead == 0 then return 0 end
   return rare().reap_sessions(dead, now, limit)
 end
@@ -684,6 +755,11 @@ end
 -- positive integer and a `ver` (if any) that is one too, or no limit but a `ver` (a
 -- configuration to re-create). Another program's hash under our key name (`limit banana`,
 -- or other fields only) is not adopted, misread as another protocol version, or deleted.
+-- A counter of cfg as a number: an absent field (false) is 0, without parsing.
+local function num(v)
+  if v then return tonumber(v) end
+  return 0
+end
 local function positive_int(v)
   local n = tonumber(v)
   return n ~= nil and n >= 1 and n == math.floor(n)
@@ -745,12 +821,22 @@ local function load_limit()
     cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'seq', 'gen', 'grants', 'expired', 'repairs',
       'qlen', 'hw')
   end
-  check_ours(cfg[1], cfg[2])
+  -- (the common case, a configuration of this version, is checked with one parse)
+  local l = cfg[1] and cfg[2] == PROTOCOL_S and tonumber(cfg[1])
+  if not (l and l >= 1 and l == math.floor(l)) then
+    l = nil
+    check_ours(cfg[1], cfg[2])
+  end
   if cfg[1] then
-    check_version(cfg[2])
-    SEQ, GEN, GRANTS = tonumber(cfg[3] or '0'), tonumber(cfg[4] or '0'), tonumber(cfg[5] or '0')
-    EXPIRED, REPAIRS = tonumber(cfg[6] or '0'), tonumber(cfg[7] or '0')
-    HW, LIMIT = tonumber(cfg[9] or '0'), tonumber(cfg[1])
+    if not l then
+      check_version(cfg[2])
+      l = tonumber(cfg[1])
+    end
+    LIMIT = l
+    SEQ, GEN, GRANTS = num(cfg[3]), num(cfg[4]), num(cfg[5])
+    EXPIRED, REPAIRS = num(cfg[6]), num(cfg[7])
+    HW = num(cfg[9])
+    W = { seq = SEQ, gen = GEN, grants = GRANTS, expired = EXPIRED, repairs = REPAIRS, hw = HW }
     -- (a semaphore created before cfg.qlen and the lease set's marker existed gets them now,
     -- without counting a repair)
     local before = cfg[8] == false
@@ -759,9 +845,10 @@ local function load_limit()
       CFG_DIRTY = true
     else
       QLEN = tonumber(cfg[8])
+      W.qlen = QLEN
     end
     check_lost(before)
-    return tonumber(cfg[1])
+    return LIMIT
   end
   check_all()
   if redis.call('ZSCORE', K_OWN, '!deleted') then
@@ -774,6 +861,8 @@ local function load_limit()
   CREATED = true
   redis.call('HSET', K_CFG, 'limit', l, 'ver', PROTOCOL)
   CFG_DIRTY = true
+  -- (finish writes every counter, but the expiries and repairs only once there are some)
+  W = { expired = 0, repairs = 0 }
   if redis.call('HLEN', K_META) > 0 or redis.call('HLEN', K_SLOTS) > 0 then
     -- A configuration lost while entries remain (eviction, a DEL): tickets go on above every
     -- ticket of the records and the queue, so that no new ticket jumps the queue (a lost
@@ -805,21 +894,26 @@ end
 -- whether it granted.
 local function grant(id, m, now, fresh, limit)
   now = now or now_ms()
-  local slots, popped = pop_free(m.n, limit)
+  local slots, strs, popped = pop_free(m.n, limit)
   if #slots ~= m.n then
-    slots = rare().short_free(popped, m.n, limit)
+    slots, strs = rare().short_free(popped, m.n, limit)
     if not slots then return false end
   end
   local g = next_generation()
-  local fences, map = {}, {}
-  for i, s in ipairs(slots) do
-    fences[i] = g
-    map[#map + 1] = s; map[#map + 1] = id
+  local fences, map
+  if m.n == 1 then
+    fences, map = { g }, { strs[1], id }
+  else
+    fences, map = {}, {}
+    for i, s in ipairs(strs) do
+      fences[i] = g
+      map[#map + 1] = s; map[#map + 1] = id
+    end
   end
   local wait_sid = not fresh and sess_of(m)
-  m.s, m.f, m.a = slots, fences, now
+  m.s, m.ss, m.f, m.a, m.g = slots, strs, fences, now_ms_s(), GEN
   if fresh then
-    write_entry(id, m, map, nil, sess_of(m), now + m.l)
+    write_entry(id, m, map, nil, sess_of(m), m.l)
   else
     queue_remove({ id })
     if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
@@ -839,7 +933,7 @@ local function pump(now, limit)
   local used = nil
   while true do
     if QLEN <= 0 then break end -- (nobody queued: QLEN counts the queue, see check_lost)
-    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)[1]
+    local head = redis.call('ZRANGE', K_QUEUE, '0', '0')[1]
     if not head then break end
     used = used or held_count()
     local m = get_meta(head)
@@ -861,12 +955,6 @@ local function pump(now, limit)
   return out
 end
 
-local function join(t)
-  local parts = {}
-  for i, v in ipairs(t) do parts[i] = string.format('%d', v) end
-  return table.concat(parts, ',')
-end
-
 -- Publishes each grant to the client that owns the waiter (one message per client), except
 -- the entry `skip` (the caller learns its own grant from the reply).
 -- Message: records separated by ';'  "g:<id>:<ticket>:<slots>:<fences>" granted, "x:<id>" rejected.
@@ -877,7 +965,7 @@ local function publish(out, skip)
     if id ~= skip then
       local rec
       if ok then
-        rec = 'g:' .. id .. ':' .. string.format('%d', m.t) .. ':' .. join(m.s) .. ':'
+        rec = 'g:' .. id .. ':' .. int(m.t) .. ':' .. table.concat(slot_strs(m), ',') .. ':'
           .. table.concat(m.f, ',')
       else
         rec = 'x:' .. id
@@ -903,7 +991,7 @@ end
 -- Milliseconds until the nearest session lease expiry (the earliest moment reaping can free
 -- capacity without a notification), or -1 when there is none.
 local function next_expiry(now)
-  local e = redis.call('ZRANGE', K_EXP, 0, 0, 'WITHSCORES')
+  local e = redis.call('ZRANGE', K_EXP, '0', '0', 'WITHSCORES')
   if #e == 0 or e[1] == '#' then return -1 end
   local d = tonumber(e[2]) - now
   if d < 0 then d = 0 end
@@ -917,11 +1005,16 @@ local function free_now(limit)
   return f
 end
 
--- A holder's reply: {1, slots, fences, ticket}
-local function held_reply(m)
-  local f = {}
-  for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
-  return { 1, m.s or {}, f, m.t }
+-- A holder's reply: {1, slots, fences, ticket}, and `extra` after them if given.
+local function held_reply(m, extra)
+  local f
+  if m.g and m.n == 1 then -- (granted by this call: each fence is its generation)
+    f = { m.g }
+  else
+    f = {}
+    for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
+  end
+  return { 1, m.s or {}, f, m.t, extra }
 end
 
 -- The state of a fresh call on the semaphore whose keys are `keys` (KEYS) and arguments
@@ -936,6 +1029,7 @@ local function begin(keys, args)
   CREATED = false
   NOW_MS, NOW_US = nil, nil
   SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+  W = {}
   CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
   BUF, RARE = nil, nil
   SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil

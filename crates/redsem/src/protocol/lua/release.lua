@@ -38,7 +38,7 @@ for i = 7 + k, 6 + k + d do
     m.o = 'd.' .. id
     local new = sess_of(m)
     redis.call('ZREM', K_OWN, old .. '|' .. id)
-    redis.call('ZADD', K_OWN, 0, new .. '|' .. id)
+    redis.call('ZADD', K_OWN, '0', new .. '|' .. id)
     redis.call('ZADD', K_EXP, 'NX', until_ms, new)
     redis.call('HSET', K_META, id, encode(m))
   end
@@ -64,7 +64,7 @@ elseif #ids > 1 then
   -- drop_entry does, with one command per key for all of them. Returns how many had a record.
   -- (Built here: a lone release does not pay for it.)
   local function drop_entries(ids, ms, limit, tomb)
-    local del, unown, tombs, freed, unqueue = {}, {}, {}, {}, {}
+    local del, unown, tombs, freed, freed_s, unqueue = {}, {}, {}, {}, {}, {}
     local found = 0
     for i, id in ipairs(ids) do
       local m = ms[i]
@@ -75,7 +75,8 @@ elseif #ids > 1 then
         unown[#unown + 1] = sid .. '|' .. id
         if tomb then tombs[#tombs + 1] = '0'; tombs[#tombs + 1] = sid .. '|' .. TOMB_REMOVED .. id end
         if m.s then
-          for _, sl in ipairs(m.s) do freed[#freed + 1] = sl end
+          local ss = slot_strs(m)
+          for i, sl in ipairs(m.s) do freed[#freed + 1] = sl; freed_s[#freed_s + 1] = ss[i] end
         else
           unqueue[#unqueue + 1] = id
           if tomb then waiters[#waiters + 1] = { id, m } end
@@ -85,8 +86,8 @@ elseif #ids > 1 then
     in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
     in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
     in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-    in_chunks(freed, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
-    return_slots(freed, limit)
+    in_chunks(freed_s, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
+    return_slots(freed, limit, freed_s)
     queue_remove(unqueue)
     for i, id in ipairs(ids) do
       if not ms[i] then drop_entry(id, nil, limit, false) end
@@ -98,7 +99,7 @@ elseif #ids > 1 then
 end
 for i = 7, 6 + k do
   local sid = ARGV[i]
-  if #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', 0, 1) == 0 then
+  if #redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|"', '[' .. sid .. '|\255', 'LIMIT', '0', '1') == 0 then
     -- no entry left (its tombstones go too: nobody is left to learn them)
     local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
       'LIMIT', 0, 512)

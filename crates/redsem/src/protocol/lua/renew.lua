@@ -50,7 +50,7 @@ for j = 0, k - 1 do
   -- either: some of its entries may be gone)
   local until_ms = redis.call('ZSCORE', K_EXP, sid)
   sessions[j + 1] = (until_ms and tonumber(until_ms) > now) and 1 or 0
-  redis.call('ZADD', K_EXP, 'GT', now + lease, sid)
+  redis.call('ZADD', K_EXP, 'GT', int(now + lease), sid)
   local tombs = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|!', '[' .. sid .. '|!\255',
     'LIMIT', 0, 512)
   if #tombs > 0 then
@@ -90,7 +90,7 @@ for i = 5 + 2 * k, #A do
   end
 end
 if requeued then publish(pump(now, limit), nil) end
-local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
+local head = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
 finish()
 local served = {}
 for c = 0, 9 do served[c + 1] = LOADED_SERVED[c] end

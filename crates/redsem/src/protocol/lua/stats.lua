@@ -28,7 +28,7 @@ local from = tonumber(A[5] or '0')
 local dead = {}
 local gone_holders, gone_waiters, gone_slots = 0, 0, 0
 local budget = 512
-for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, 64)) do
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_ms_s(), 'LIMIT', '0', '64')) do
   local members = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|', '[' .. sid .. '|\255',
     'LIMIT', 0, budget)
   local ids = {}
