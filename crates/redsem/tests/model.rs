@@ -335,27 +335,42 @@ fn ints(v: &Value) -> Vec<i64> {
     }
 }
 
-fn parse_acquire(v: &Value) -> Reply {
-    let Value::Array(a) = v else { panic!("{v:?}") };
-    let head = |i: usize| match &a[i] {
-        Value::Int(x) => *x,
-        other => panic!("{other:?}"),
-    };
-    match head(0) {
-        1 => Reply::Granted {
-            slots: ints(&a[1]).into_iter().map(|s| s as u32).collect(),
-            fences: ints(&a[2]).into_iter().map(|f| f as u64).collect(),
-            ticket: head(3) as u64,
-        },
-        0 => Reply::Queued {
-            ticket: head(1) as u64,
-        },
-        -1 => Reply::NoCapacity,
-        -2 => Reply::TooMany {
-            limit: head(1) as u32,
-        },
-        other => panic!("{other}"),
+/// The replies of an `acquire.lua` call: one flat array of integers, the permits free first,
+/// then each request's reply (see the script).
+fn parse_acquire(v: &Value) -> Vec<Reply> {
+    let all = ints(v);
+    let mut rest = all.iter().copied().skip(1);
+    let mut out = vec![];
+    while let Some(code) = rest.next() {
+        let mut next = || rest.next().unwrap_or_else(|| panic!("short reply {v:?}"));
+        out.push(match code {
+            1 => {
+                let ticket = next() as u64;
+                let k = next() as usize;
+                let slots = (0..k).map(|_| next() as u32).collect();
+                let fences = (0..k).map(|_| next() as u64).collect();
+                Reply::Granted {
+                    slots,
+                    fences,
+                    ticket,
+                }
+            }
+            0 => {
+                let ticket = next() as u64;
+                next(); // the next expiry
+                Reply::Queued { ticket }
+            }
+            -1 => {
+                next(); // why
+                Reply::NoCapacity
+            }
+            -2 => Reply::TooMany {
+                limit: next() as u32,
+            },
+            other => panic!("{other}"),
+        });
     }
+    out
 }
 
 /// (holders: id -> entry's slots and fences, queue, free slots)
@@ -466,10 +481,8 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                         priority.to_string(),
                     ]);
                 }
-                let Value::Array(replies) = real.call(&real.acquire.clone(), &args) else {
-                    panic!("acquire reply is not an array")
-                };
-                let got = real.translate(Reply::Batch(replies.iter().map(parse_acquire).collect()));
+                let reply = real.call(&real.acquire.clone(), &args);
+                let got = real.translate(Reply::Batch(parse_acquire(&reply)));
                 // one settle for the call, then each request in order
                 model.settle();
                 let mut want = vec![];

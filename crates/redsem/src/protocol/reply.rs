@@ -34,38 +34,52 @@ pub(crate) enum AcquireReply {
     },
 }
 
-/// Parses the reply of `acquire.lua` for a batch of `requests` requests.
+/// Parses the reply of `acquire.lua` for a batch of `requests` requests: one flat array of
+/// integers, the permits free after the batch first, then each request's reply in order.
 pub(super) fn acquire(v: &Value, requests: usize) -> CallResult<(Vec<AcquireReply>, Option<u32>)> {
-    // the permits free after the batch: the last element of every reply
-    let free = array(v)?
-        .last()
-        .and_then(|r| array(r).ok())
-        .and_then(|items| int(items.last()).ok())
-        .map(|f| f.clamp(0, u32::MAX as i64) as u32);
-    let replies = array(v)?
-        .iter()
-        .map(|r| {
-            let items = array(r)?;
-            Ok(match int(items.first())? {
-                1 => AcquireReply::Granted(Box::new(grant(items)?)),
-                0 => AcquireReply::Queued {
-                    ticket: int(items.get(1))? as u64,
-                    next_expiry_ms: expiry(int(items.get(2))?),
-                },
-                -1 => AcquireReply::NoCapacity {
-                    queued_first: int(items.get(1))? == 2,
-                },
-                -2 => AcquireReply::TooMany {
-                    limit: int(items.get(1))? as u32,
-                },
-                _ => return Err(unexpected(r)),
-            })
-        })
-        .collect::<CallResult<Vec<_>>>()?;
-    if replies.len() != requests {
+    let items = array(v)?;
+    let mut rest = items.iter();
+    let mut next = || int(rest.next());
+    let free = next()?.clamp(0, u32::MAX as i64) as u32;
+    let mut replies = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        replies.push(match next()? {
+            1 => {
+                let ticket = next()? as u64;
+                let k = usize::try_from(next()?).map_err(|_| unexpected(v))?;
+                if k > items.len() {
+                    return Err(unexpected(v));
+                }
+                let slots = (0..k)
+                    .map(|_| next().map(|s| s as u32))
+                    .collect::<CallResult<Vec<_>>>()?;
+                let fences = (0..k)
+                    .map(|_| next().map(|f| f as u64))
+                    .collect::<CallResult<Vec<_>>>()?;
+                AcquireReply::Granted(Box::new(Grant {
+                    ticket,
+                    slots,
+                    fences,
+                }))
+            }
+            0 => AcquireReply::Queued {
+                ticket: next()? as u64,
+                next_expiry_ms: expiry(next()?),
+            },
+            -1 => AcquireReply::NoCapacity {
+                queued_first: next()? == 2,
+            },
+            -2 => AcquireReply::TooMany {
+                limit: next()? as u32,
+            },
+            _ => return Err(unexpected(v)),
+        });
+    }
+    // (nothing may follow the last reply)
+    if next().is_ok() {
         return Err(unexpected(v));
     }
-    Ok((replies, free))
+    Ok((replies, Some(free)))
 }
 
 /// One entry's state in a renewal reply.

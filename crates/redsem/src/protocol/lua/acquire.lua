@@ -6,15 +6,16 @@
 --   priority class (0..9, 0 the default; higher first: prelude's score_of)
 -- A waiter joins the session '<channel id>~<waiter lease>', a holder '<channel id>~<holder lease>';
 -- joining extends the session's lease to at least now + its lease.
--- Reply: one reply per request, in order:
---        {1, slots, fences, ticket}   granted now
---        {0, ticket, next_expiry_ms}  queued; the grant will be published to the client channel
---        {-1, why}                    try mode: not granted; why = 1: fewer permits free than n,
---                                     2: enough free, but others are queued ahead (FIFO)
---        {-2, limit}                  n exceeds the limit
---        Each reply ends with one more element: the permits free once the whole batch was
---        handled (a snapshot for Semaphore::available_permits), in the place of the `false`
---        each is built with.
+-- Reply: one flat array of integers (a nested table costs Redis more to convert than the
+-- whole request costs to handle): first the permits free once the whole batch was handled (a
+-- snapshot for Semaphore::available_permits), then one reply per request, in order:
+--        1, ticket, k, k slots, k fences   granted now (k = the permits, n)
+--        0, ticket, next_expiry_ms         queued; the grant will be published to the client
+--                                          channel (next_expiry_ms -1: no lease to wait for)
+--        -1, why                           try mode: not granted; why = 1: fewer permits free
+--                                          than n, 2: enough free, but others are queued ahead
+--                                          (FIFO)
+--        -2, limit                         n exceeds the limit
 -- Idempotent per id: re-sending the same id returns the entry's current state.
 local now = now_ms()
 local limit = load_limit() -- (it reads `own` before any write: see check_lost)
@@ -38,13 +39,15 @@ if k > 1 then
   end
 end
 
+-- Handles one request; returns its reply's code and what the reply is made of: the record (1:
+-- held), the ticket (0: queued), why (-1) or the limit (-2).
 local function one(id, n, lease, wait_lease, channel, label, mode, priority)
-  if n > limit then return { -2, limit, false } end
+  if n > limit then return -2, limit end
   local m
   if stored then m = (BUF and BUF.rec[id]) or stored[id] else m = get_meta(id) end
   if m then
-    if m.s then return held_reply(m, false) end
-    return { 0, m.t, false, false }
+    if m.s then return 1, m end
+    return 0, m.t
   end
   -- (every field a grant sets is in the constructor: the table is sized once)
   m = { n = n, t = 0, c = channel, l = lease, w = wait_lease, lb = label, q = now_ms_s(),
@@ -71,43 +74,55 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
     m.t = next_ticket()
     if grant(id, m, now, true, limit) then
       used = used + n
-      return held_reply(m, false)
+      return 1, m
     end
     fits = false -- the holders were more than they looked (repaired)
     used = held_count()
   end
-  if mode == 'try' then return { -1, (queued and fits) and 2 or 1, false } end
+  if mode == 'try' then return -1, (queued and fits) and 2 or 1 end
   -- Queue at its place: behind a head that cannot be granted (see settle), or at the head
   -- itself when it does not fit; either way nobody can be granted yet.
   m.t = next_ticket()
   if place < head then head = place end
   write_entry(id, m, nil, place, sess_of(m), m.w)
-  -- (the next expiry is filled in once the batch is written)
-  return { 0, m.t, false, false }
+  return 0, m.t
 end
 
 -- A batch's writes are gathered and made at the end, one command per key (prelude's BUF).
 if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} } end
-local replies = {}
+local codes, parts = {}, {}
 for j = 0, k - 1 do
   local b = 5 + 8 * j
   -- (the leases are kept as the strings they came as: records store them, sessions are named
   -- by them)
   -- (and the common n = 1, priority 0 without parsing them)
   local n, p = ARGV[b + 1], ARGV[b + 7]
-  replies[j + 1] = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2], ARGV[b + 3],
-    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))
+  codes[j + 1], parts[j + 1] = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2],
+    ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))
 end
 flush()
-local expiry = nil
-for _, r in ipairs(replies) do
-  if r[1] == 0 then
-    expiry = expiry or next_expiry(now)
-    r[3] = expiry
-  end
-end
+local expiry = nil -- (read once the batch is written, if someone queued)
 finish()
 local free = limit - used
 if free < 0 then free = 0 end
-for _, r in ipairs(replies) do r[#r] = free end
-return replies
+local out = { free }
+for j = 1, k do
+  local code, part = codes[j], parts[j]
+  out[#out + 1] = code
+  if code == 1 then
+    local m = part
+    out[#out + 1] = m.t
+    out[#out + 1] = #m.s
+    for _, s in ipairs(m.s) do out[#out + 1] = s end
+    for _, f in ipairs(m.f) do
+      out[#out + 1] = m.g or tonumber(f) -- (granted by this call: each is its generation)
+    end
+  elseif code == 0 then
+    expiry = expiry or next_expiry(now)
+    out[#out + 1] = part
+    out[#out + 1] = expiry
+  else
+    out[#out + 1] = part
+  end
+end
+return out

@@ -156,7 +156,7 @@ end
 -- built when first needed: slot_strs) and f (their fences, decimal strings; s and f nil while
 -- queued), and `tail`: the label's length, '|' and the label (what follows, a later
 -- version's fields, is kept as it is). A new record has `lb`, its label, instead of `tail`;
--- a record granted by this call has `g`, its generation as a number (held_reply). One
+-- a record granted by this call has `g`, its generation as a number (acquire's reply). One
 -- string.match decodes a record; no number is formatted or parsed that is only passed on
 -- (docs/PROTOCOL.md, "Records").
 local RECORD = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|'
@@ -1005,16 +1005,11 @@ local function free_now(limit)
   return f
 end
 
--- A holder's reply: {1, slots, fences, ticket}, and `extra` after them if given.
-local function held_reply(m, extra)
-  local f
-  if m.g and m.n == 1 then -- (granted by this call: each fence is its generation)
-    f = { m.g }
-  else
-    f = {}
-    for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
-  end
-  return { 1, m.s or {}, f, m.t, extra }
+-- A holder's reply: {1, slots, fences, ticket}
+local function held_reply(m)
+  local f = {}
+  for i, g in ipairs(m.f or {}) do f[i] = tonumber(g) end -- integers in the reply
+  return { 1, m.s or {}, f, m.t }
 end
 
 -- The state of a fresh call on the semaphore whose keys are `keys` (KEYS) and arguments
