@@ -111,12 +111,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     );
     // the fault kinds, when they are not the default ones
     let kinds = config(&args, 0).faults;
-    let faults = if kinds == FaultKind::defaults() {
+    let mut faults = if kinds == FaultKind::defaults() {
         String::new()
     } else {
         let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
         format!(" --faults {}", names.join(","))
     };
+    // (and the path the workers take, when it is not the default one)
+    if args.scripts_only {
+        faults.push_str(" --scripts-only");
+    }
     let mut failed = Vec::new();
     for seed in seeds {
         println!(
