@@ -1,7 +1,7 @@
 //! Reply parsing: the only code that reads what the scripts return and what they publish.
 //!
 //! Each `.lua` file documents its reply; `prelude.lua` documents the notification payload
-//! and `stats.lua` the JSON records of holders and waiters.
+//! and `stats.lua` the records of holders and waiters it returns (docs/PROTOCOL.md, "Records").
 
 use redis::Value;
 
@@ -573,5 +573,45 @@ mod tests {
             ]
         );
         assert!(parse_notices("garbage").is_empty());
+    }
+
+    fn ints(v: &[i64]) -> Value {
+        Value::Array(v.iter().map(|&i| Value::Int(i)).collect())
+    }
+
+    #[test]
+    fn an_acquire_batch_is_one_flat_array() {
+        // free 3; granted 2 permits; queued (lease due in 1500 ms); queued (no lease due);
+        // a try behind the queue; too many
+        let v = ints(&[3, 1, 7, 2, 0, 4, 90, 90, 0, 8, 1500, 0, 9, -1, -1, 2, -2, 5]);
+        let (replies, free) = acquire(&v, 5).unwrap();
+        assert_eq!(free, Some(3));
+        assert_eq!(
+            replies,
+            vec![
+                AcquireReply::Granted(Box::new(Grant {
+                    ticket: 7,
+                    slots: vec![0, 4],
+                    fences: vec![90, 90]
+                })),
+                AcquireReply::Queued {
+                    ticket: 8,
+                    next_expiry_ms: Some(1500)
+                },
+                AcquireReply::Queued {
+                    ticket: 9,
+                    next_expiry_ms: None
+                },
+                AcquireReply::NoCapacity { queued_first: true },
+                AcquireReply::TooMany { limit: 5 },
+            ]
+        );
+        // a reply cut short, one with more than the requests, an unknown code, a negative
+        // count: each is an error, never a guess
+        assert!(acquire(&ints(&[3, 1, 7, 2, 0, 4, 90]), 1).is_err());
+        assert!(acquire(&ints(&[3, -2, 5, 0]), 1).is_err());
+        assert!(acquire(&ints(&[3, 2, 5]), 1).is_err());
+        assert!(acquire(&ints(&[3, 1, 7, -1]), 1).is_err());
+        assert!(acquire(&ints(&[3, -2, 5]), 2).is_err());
     }
 }
