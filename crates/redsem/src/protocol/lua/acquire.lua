@@ -93,9 +93,8 @@ if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp
 local codes, parts = {}, {}
 for j = 0, k - 1 do
   local b = 5 + 8 * j
-  -- (the leases are kept as the strings they came as: records store them, sessions are named
-  -- by them)
-  -- (and the common n = 1, priority 0 without parsing them)
+  -- (the leases stay the strings they came as: records store them, sessions are named by
+  -- them; the common n = 1 and priority 0 are not parsed)
   local n, p = ARGV[b + 1], ARGV[b + 7]
   codes[j + 1], parts[j + 1] = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2],
     ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))

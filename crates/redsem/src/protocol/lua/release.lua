@@ -83,10 +83,10 @@ elseif #ids > 1 then
         end
       end
     end
-    in_chunks(del, function(a) redis.call('HDEL', K_META, unpack(a)) end)
-    in_chunks(unown, function(a) redis.call('ZREM', K_OWN, unpack(a)) end)
-    in_chunks(tombs, function(a) redis.call('ZADD', K_OWN, unpack(a)) end)
-    in_chunks(freed_s, function(a) redis.call('HDEL', K_SLOTS, unpack(a)) end)
+    call_in_chunks('HDEL', K_META, del)
+    call_in_chunks('ZREM', K_OWN, unown)
+    call_in_chunks('ZADD', K_OWN, tombs)
+    call_in_chunks('HDEL', K_SLOTS, freed_s)
     return_slots(freed, limit, freed_s)
     queue_remove(unqueue)
     for i, id in ipairs(ids) do
