@@ -24,7 +24,7 @@ run() {
         redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>"$work/vg.err" &
     local pid=$!
     for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    "$redsem" --redis-url "redis://127.0.0.1:$port" load-library >/dev/null
+    "$redsem" --redis-url "redis://127.0.0.1:$port" load-library >"$work/loaded.txt"
     redis-cli -p "$port" <"$1" >"$work/out.txt"
     if grep -qi '^err' "$work/out.txt"; then grep -i -m3 '^err' "$work/out.txt" >&2; exit 1; fi
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
@@ -32,15 +32,11 @@ run() {
     awk '/^summary:/{print $2}' "$work/cg.out"
 }
 
-# The library's name, from a throwaway server (it is the SHA-1 of the text: see library.rs).
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
-probe=$!
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-"$redsem" --redis-url "redis://127.0.0.1:$port" load-library >/dev/null
-lib="$(redis-cli -p "$port" --raw function list | awk '/^library_name$/{getline; print; exit}')"
-redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
-wait "$probe" || true
-
+# The baseline first: it loads the library, whose name (the SHA-1 of its text: library.rs) the
+# jobs' calls need; `redsem load-library` prints it.
+: >"$work/none.txt"
+base="$(run "$work/none.txt")"
+lib="$(awk '{print $NF}' "$work/loaded.txt")"
 python3 - "$lib" "$batch" "$jobs" "$work/jobs.txt" <<'EOF'
 import sys
 lib, batch, jobs, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -54,7 +50,5 @@ for i in range(jobs // batch):
     lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 ' + ' '.join(ids))
 open(out, 'w').write('\n'.join(lines) + '\n')
 EOF
-: >"$work/none.txt"
-base="$(run "$work/none.txt")"
 total="$(run "$work/jobs.txt")"
 echo "lua-cost: batch $batch: $(( (total - base) / (jobs / batch * batch) )) server instructions per acquire + release ($lib, $(redis-server --version | awk "{print \$3}" | sed "s/^v=//"))"

@@ -109,22 +109,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
             .join(", "),
         args.seconds
     );
-    // the fault kinds, when they are not the default ones
+    // what the run was given besides its length and seeds: the fault kinds, when they are
+    // not the default ones, and the path the workers take
     let kinds = config(&args, 0).faults;
-    let mut faults = if kinds == FaultKind::defaults() {
+    let mut extra = if kinds == FaultKind::defaults() {
         String::new()
     } else {
         let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
         format!(" --faults {}", names.join(","))
     };
-    // (and the path the workers take, when it is not the default one)
     if args.scripts_only {
-        faults.push_str(" --scripts-only");
+        extra.push_str(" --scripts-only");
     }
     let mut failed = Vec::new();
     for seed in seeds {
         println!(
-            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}{faults}`",
+            "redsem-chaos: seed {seed}: reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {seed}{extra}`",
             args.seconds
         );
         if !run_one(&args, seed)? {
@@ -136,7 +136,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<u8> {
     } else {
         let list: Vec<String> = failed.iter().map(u64::to_string).collect();
         eprintln!(
-            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}{faults}`",
+            "redsem-chaos: FAILED for seed {} — reproduce with `cargo run --release -p redsem-chaos -- --seconds {} --seed {}{extra}`",
             list.join(", "),
             args.seconds,
             list[0]
