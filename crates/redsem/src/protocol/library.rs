@@ -64,7 +64,7 @@ impl Library {
                 ""
             };
             body.push_str(&format!(
-                "redis.register_function{{ function_name = '{NAME}_{f}', callback = f_{f}{flags} }}\n",
+                "LOADER.register_function{{ function_name = '{NAME}_{f}', callback = f_{f}{flags} }}\n",
                 f = op.function
             ));
         }

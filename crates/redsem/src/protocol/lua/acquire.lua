@@ -90,23 +90,18 @@ end
 
 -- A batch's writes are gathered and made at the end, one command per key (prelude's BUF).
 if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} } end
-local codes, parts = {}, {}
+-- The reply is built as the requests are handled; what is known only once the batch is
+-- written is filled in then: the free permits (out[1]) and the next expiry of the queued
+-- (at the places `expiry_at`).
+local out = { 0 }
+local expiry_at = nil
 for j = 0, k - 1 do
   local b = 5 + 8 * j
   -- (the leases stay the strings they came as: records store them, sessions are named by
   -- them; the common n = 1 and priority 0 are not parsed)
   local n, p = ARGV[b + 1], ARGV[b + 7]
-  codes[j + 1], parts[j + 1] = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2],
-    ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))
-end
-flush()
-local expiry = nil -- (read once the batch is written, if someone queued)
-finish()
-local free = limit - used
-if free < 0 then free = 0 end
-local out = { free }
-for j = 1, k do
-  local code, part = codes[j], parts[j]
+  local code, part = one(ARGV[b], n == '1' and 1 or tonumber(n), ARGV[b + 2], ARGV[b + 3],
+    ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], p == '0' and 0 or tonumber(p))
   out[#out + 1] = code
   if code == 1 then
     local m = part
@@ -117,11 +112,21 @@ for j = 1, k do
       out[#out + 1] = m.g or tonumber(f) -- (granted by this call: each is its generation)
     end
   elseif code == 0 then
-    expiry = expiry or next_expiry(now)
     out[#out + 1] = part
-    out[#out + 1] = expiry
+    out[#out + 1] = -1
+    expiry_at = expiry_at or {}
+    expiry_at[#expiry_at + 1] = #out
   else
     out[#out + 1] = part
   end
+end
+flush()
+finish()
+local free = limit - used
+if free < 0 then free = 0 end
+out[1] = free
+if expiry_at then
+  local expiry = next_expiry(now)
+  for _, i in ipairs(expiry_at) do out[i] = expiry end
 end
 return out

@@ -41,6 +41,16 @@
 -- Every value below that a call changes is set by begin() (at the end of this file), which
 -- each script and each function of the library calls first: in the library (docs/PROTOCOL.md,
 -- "The Functions library") these are created once and shared by every call.
+-- The globals the code uses are upvalues, bound by begin() at a library's first call (every
+-- call of a script): in the Functions library a global is found through a metatable (the
+-- library's globals table is empty, its __index Redis's), two table lookups per use; an
+-- upvalue is none. (A library's top level runs where only `redis.register_function` is
+-- defined: LOADER keeps that `redis`, which registers the functions at the library's end.)
+local function real_globals()
+  return redis, string, table, math, tonumber, ipairs, pairs, next, unpack, error, type, tostring
+end
+local LOADER = redis
+local redis, string, table, math, tonumber, ipairs, pairs, next, unpack, error, type, tostring
 local K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN
 local A -- the arguments of the semaphore worked on, laid out as ARGV
 local CH_BASE, PUB
@@ -54,8 +64,7 @@ local PROTOCOL_S = PROTOCOL .. ''
 -- Integers as decimal strings. A number passed to redis.call, or joined with `..`, is written
 -- by sprintf("%.17g") or ("%.14g"): about 1 µs each for a timestamp, several times what '%d'
 -- costs; so what the hot paths pass on is formatted with this, or kept as the string it came
--- as (docs/PROTOCOL.md, "Records"). (`string` is looked up when called: a library's top level
--- runs where only `redis` is defined.)
+-- as (docs/PROTOCOL.md, "Records").
 local function int(x) return string.format('%d', x) end
 
 -- Redis TIME, read once per call (and only by calls that need it): NOW_MS for leases,
@@ -179,6 +188,14 @@ end
 local RECORD = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|'
   .. '([^|]*)|([^|]*)|(.*)$'
 
+-- A record's field s: its slots as numbers, and as the strings they are there.
+local function slots_of(s)
+  if not string.find(s, ',', 1, true) then return { tonumber(s) }, { s } end
+  local slots, strs = {}, {}
+  for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x); strs[#strs + 1] = x end
+  return slots, strs
+end
+
 local function decode(raw)
   local n, t, p, c, o, l, w, q, a, s, f, tail = string.match(raw, RECORD)
   if not tail then
@@ -192,13 +209,13 @@ local function decode(raw)
   if o ~= '' then m.o = o end
   if a ~= '' then
     m.a = a
-    if string.find(s, ',', 1, true) then
-      local slots, strs, fences = {}, {}, {}
-      for x in string.gmatch(s, '[^,]+') do slots[#slots + 1] = tonumber(x); strs[#strs + 1] = x end
-      for x in string.gmatch(f, '[^,]+') do fences[#fences + 1] = x end
-      m.s, m.ss, m.f = slots, strs, fences
+    m.s, m.ss = slots_of(s)
+    if #m.s == 1 then
+      m.f = { f }
     else
-      m.s, m.ss, m.f = { tonumber(s) }, { s }, { f }
+      local fences = {}
+      for x in string.gmatch(f, '[^,]+') do fences[#fences + 1] = x end
+      m.f = fences
     end
   end
   return m
@@ -219,10 +236,18 @@ end
 -- string.format's %s, which would cut a label at a NUL byte)
 local function encode(m)
   local s, f = '', ''
-  if m.s then s = table.concat(slot_strs(m), ','); f = table.concat(m.f, ',') end
+  if m.s then
+    local ss = slot_strs(m)
+    if #ss == 1 then -- (the common case: no table.concat)
+      s, f = ss[1], m.f[1]
+    else
+      s, f = table.concat(ss, ','), table.concat(m.f, ',')
+    end
+  end
   local tail = m.tail
   if not tail then tail = (m.lb == '' and '0' or int(#m.lb)) .. '|' .. m.lb end
-  return string.format('%d|%d|', m.n, m.t) .. (m.p and int(m.p) or '') .. '|' .. m.c .. '|'
+  return (m.n == 1 and '1|' or int(m.n) .. '|') .. int(m.t) .. '|' .. (m.p and int(m.p) or '')
+    .. '|' .. m.c .. '|'
     .. (m.o or '') .. '|' .. m.l .. '|' .. m.w .. '|' .. m.q .. '|' .. (m.a or '') .. '|' .. s
     .. '|' .. f .. '|' .. tail
 end
@@ -255,18 +280,18 @@ local function flush()
   call_in_chunks('HSET', K_META, b.meta)
 end
 
--- Writes the record of `id`, and with it (each if given) its slot mappings `map` (slot, id,
--- slot, id..., the slots as decimal strings), its queue entry at `score`, and its entry in the
--- session `sid` (whose lease is `lease` ms, a decimal string), whose lease is raised to at
--- least now + `lease`.
-local function write_entry(id, m, map, score, sid, lease)
+-- Writes the record of `id`, and with it (each if given) the mapping of its slots `slots`
+-- (decimal strings) to it, its queue entry at `score`, and its entry in the session `sid`
+-- (whose lease is `lease` ms, a decimal string), whose lease is raised to at least now +
+-- `lease`.
+local function write_entry(id, m, slots, score, sid, lease)
   local b = BUF
   -- (a place without a priority is a ticket: an integer, written as one)
   if score and not m.p then score = int(score) end
   if b then
-    if map then
+    if slots then
       local t = b.slots
-      for i = 1, #map do t[#t + 1] = map[i] end
+      for i = 1, #slots do t[#t + 1] = slots[i]; t[#t + 1] = id end
     end
     if score then
       local t = b.queue
@@ -286,7 +311,15 @@ local function write_entry(id, m, map, score, sid, lease)
     t[#t + 1] = id; t[#t + 1] = encode(m)
     return
   end
-  if map then redis.call('HSET', K_SLOTS, unpack(map)) end
+  if slots then
+    if #slots == 1 then
+      redis.call('HSET', K_SLOTS, slots[1], id)
+    else
+      local map = {}
+      for i = 1, #slots do map[2 * i - 1] = slots[i]; map[2 * i] = id end
+      redis.call('HSET', K_SLOTS, unpack(map))
+    end
+  end
   if score then queue_add(score, id) end
   if sid then
     redis.call('ZADD', K_EXP, 'GT', int(now_ms() + lease), sid)
@@ -316,6 +349,20 @@ local function raw_sess_of(raw)
   local c, o, l, w, a = string.match(raw, SESSION_FIELDS)
   if not c then return nil end
   return (o ~= '' and o or c) .. '~' .. (a ~= '' and l or w)
+end
+-- The fields of a record as stored that removing its entry needs (drop_entry): c, o (nil
+-- unless detached), l, w, and for a holder s and ss (its slots as numbers and as strings):
+-- a table that sess_of and slot_strs read as they read decode's, for a fraction of decode's
+-- cost (a release of many entries reads it of each). A record it cannot read goes to decode,
+-- which names it.
+local ENTRY_FIELDS = SESSION_FIELDS .. '([^|]*)|'
+local function entry_fields(raw)
+  local c, o, l, w, a, s = string.match(raw, ENTRY_FIELDS)
+  if not c then return decode(raw) end
+  local m = { c = c, o = nil, l = l, w = w, s = nil, ss = nil }
+  if o ~= '' then m.o = o end
+  if a ~= '' then m.s, m.ss = slots_of(s) end
+  return m
 end
 
 local check_all_then_repair -- (defined below, with the rare paths)
@@ -744,13 +791,14 @@ drop_entry = function(id, m, limit, tomb)
 end
 
 -- The records of `ids` (false where there is none), in order: one HMGET.
-local function get_metas(ids)
+local function get_metas(ids, read)
+  read = read or decode
   local out = {}
   in_chunks(ids, function(a)
     local raws = redis.call('HMGET', K_META, unpack(a))
     for j = 1, #a do
       local raw = raws[j]
-      out[#out + 1] = raw and decode(raw) or false
+      out[#out + 1] = raw and read(raw) or false
     end
   end)
   return out
@@ -909,24 +957,21 @@ local function grant(id, m, now, fresh, limit)
     if not slots then return false end
   end
   local g = next_generation()
-  local fences, map
+  local fences
   if m.n == 1 then
-    fences, map = { g }, { strs[1], id }
+    fences = { g }
   else
-    fences, map = {}, {}
-    for i, s in ipairs(strs) do
-      fences[i] = g
-      map[#map + 1] = s; map[#map + 1] = id
-    end
+    fences = {}
+    for i = 1, #strs do fences[i] = g end
   end
   local wait_sid = not fresh and sess_of(m)
   m.s, m.ss, m.f, m.a, m.g = slots, strs, fences, now_ms_s(), GEN
   if fresh then
-    write_entry(id, m, map, nil, sess_of(m), m.l)
+    write_entry(id, m, strs, nil, sess_of(m), m.l)
   else
     queue_remove({ id })
     if m.l ~= m.w then rare().move_to_holder(id, m, wait_sid) end
-    write_entry(id, m, map)
+    write_entry(id, m, strs)
   end
   GRANTS = GRANTS + 1
   local c = m.p or 0
@@ -1026,12 +1071,16 @@ end
 -- anything else: so a call never sees what an earlier one left (the library's values live
 -- as long as the library).
 local function begin(keys, args)
+  if not redis then
+    redis, string, table, math, tonumber, ipairs, pairs, next, unpack, error, type, tostring =
+      real_globals()
+  end
   K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
     keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
   A = args
   CH_BASE, PUB = args[2], args[3]
   CREATED = false
-  NOW_MS, NOW_US = nil, nil
+  NOW_MS, NOW_US, NOW_MS_S = nil, nil, nil
   SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
   W = {}
   CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false

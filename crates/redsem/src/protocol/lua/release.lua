@@ -55,7 +55,8 @@ end
 -- slots are freed, and granted below)
 if #ids == 1 then
   -- a lone release removes it as it goes, which costs it less
-  local m = get_meta(ids[1])
+  local raw = redis.call('HGET', K_META, ids[1])
+  local m = raw and entry_fields(raw)
   if m then removed = 1 else unknown = true end
   if force and m and not m.s then waiters[1] = { ids[1], m } end
   drop_entry(ids[1], m, limit, (m ~= nil and force) and TOMB_REMOVED or nil)
@@ -94,7 +95,7 @@ elseif #ids > 1 then
     end
     return found
   end
-  removed = drop_entries(ids, get_metas(ids), limit, force)
+  removed = drop_entries(ids, get_metas(ids, entry_fields), limit, force)
   unknown = removed < #ids
 end
 for i = 7, 6 + k do
