@@ -89,7 +89,19 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
 end
 
 -- A batch's writes are gathered and made at the end, one command per key (prelude's BUF).
-if k > 1 then BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} } end
+if k > 1 then
+  BUF = { meta = {}, rec = {}, slots = {}, own = {}, queue = {}, exp = {}, sids = {} }
+  -- (with nobody queued, the permits its requests could take at once are popped ahead, in
+  -- one call: the prelude's POOL)
+  if QLEN == 0 then
+    local want = 0
+    for j = 0, k - 1 do
+      local n = ARGV[6 + 8 * j]
+      want = want + (n == '1' and 1 or tonumber(n) or 0)
+    end
+    POOL_WANT = math.min(want, limit - used)
+  end
+end
 -- The reply is built as the requests are handled; what is known only once the batch is
 -- written is filled in then: the free permits (out[1]) and the next expiry of the queued
 -- (at the places `expiry_at`).

@@ -266,10 +266,21 @@ end
 -- What reads those keys flushes first (held_count, rare()); get_meta sees the gathered
 -- records.
 local BUF = nil
+-- Free slots popped ahead for a batch (acquire.lua): its first grant pops as many listed free
+-- slots as its fresh requests could take (POOL_WANT) with one ZPOPMIN, and its grants take
+-- them in order, as each would have popped them; flush() lists what is left in `free` again
+-- before anything else reads the free slots or the batch's writes are made.
+local POOL, POOL_I, POOL_WANT = nil, 1, 0
 local function flush()
   local b = BUF
   if not b then return end
   BUF = nil
+  if POOL then -- (the slots popped ahead and not granted are free again: pop_free)
+    local back = {}
+    for i = POOL_I, #POOL, 2 do back[#back + 1] = POOL[i + 1]; back[#back + 1] = POOL[i] end
+    call_in_chunks('ZADD', K_FREE, back)
+    POOL = nil
+  end
   call_in_chunks('HSET', K_SLOTS, b.slots)
   if #b.queue > 0 then
     QLEN = QLEN + call_in_chunks('ZADD', K_QUEUE, b.queue)
@@ -495,36 +506,46 @@ end
 
 -- Takes up to n free slots, lowest first: those listed in `free` (all below the high-water
 -- mark), then the unlisted ones from the mark up to the limit (raising it). Returns them
--- (numbers, ascending), the same as decimal strings, and what was popped from `free`
--- (ZPOPMIN's reply). The rule that a grant takes the lowest free slots holds: every listed
--- slot is below the mark.
+-- (numbers, ascending), the same as decimal strings, and how many of them (the first) were
+-- listed. The rule that a grant takes the lowest free slots holds: every listed slot is below
+-- the mark.
 local function pop_free(n, limit)
-  local popped
+  local popped, i
+  if BUF and POOL_WANT > 1 then
+    if not POOL then
+      POOL, POOL_I = redis.call('ZPOPMIN', K_FREE, int(POOL_WANT)), 1
+    end
+    popped, i = POOL, POOL_I
+    POOL_I = POOL_I + 2 * n
+  elseif n == 1 then
+    popped, i = redis.call('ZPOPMIN', K_FREE, '1'), 1
+  else
+    popped, i = redis.call('ZPOPMIN', K_FREE, int(n)), 1
+  end
   -- (n = 1, the common case, without growing a table: with grant's the same, 3 % of a cycle's
   -- server instructions, scripts/lua-cost.sh)
   if n == 1 then
-    popped = redis.call('ZPOPMIN', K_FREE, '1')
-    local x = popped[1]
-    if x then return { tonumber(x) }, { x }, popped end
+    local x = popped[i]
+    if x then return { tonumber(x) }, { x }, 1 end
     if HW < limit then
       HW = HW + 1
       CFG_DIRTY = true
-      return { HW - 1 }, { int(HW - 1) }, popped
+      return { HW - 1 }, { int(HW - 1) }, 0
     end
-    return {}, {}, popped
+    return {}, {}, 0
   end
-  popped = redis.call('ZPOPMIN', K_FREE, int(n))
   local slots, strs = {}, {}
-  for i = 1, #popped, 2 do
-    local x = popped[i]
+  for j = i, math.min(i + 2 * n - 1, #popped), 2 do
+    local x = popped[j]
     slots[#slots + 1] = tonumber(x); strs[#strs + 1] = x
   end
+  local listed = #slots
   while #slots < n and HW < limit do
     slots[#slots + 1] = HW; strs[#strs + 1] = int(HW)
     HW = HW + 1
     CFG_DIRTY = true
   end
-  return slots, strs, popped
+  return slots, strs, listed
 end
 
 -- What only a key loss, a session's expiry: built on first use, so that a
@@ -743,8 +764,9 @@ local function rare()
   -- slot map that made the holders look fewer): put back what was popped, repair, and check
   -- the capacity again. Returns the slots to grant (numbers, and as strings), or nil when
   -- there is no capacity.
-  function R.short_free(popped, n, limit)
-    for i = 1, #popped, 2 do redis.call('ZADD', K_FREE, popped[i + 1], popped[i]) end
+  -- (strs: the slots pop_free found, the first `listed` of them listed in `free`)
+  function R.short_free(strs, listed, n, limit)
+    for i = 1, listed do redis.call('ZADD', K_FREE, strs[i], strs[i]) end
     R.repair(limit)
     if held_count() + n > limit then return nil end
     local slots, strs = pop_free(n, limit)
@@ -951,9 +973,9 @@ end
 -- whether it granted.
 local function grant(id, m, now, fresh, limit)
   now = now or now_ms()
-  local slots, strs, popped = pop_free(m.n, limit)
+  local slots, strs, listed = pop_free(m.n, limit)
   if #slots ~= m.n then
-    slots, strs = rare().short_free(popped, m.n, limit)
+    slots, strs = rare().short_free(strs, listed, m.n, limit)
     if not slots then return false end
   end
   local g = next_generation()
@@ -1085,5 +1107,6 @@ local function begin(keys, args)
   W = {}
   CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
   BUF, RARE = nil, nil
+  POOL, POOL_I, POOL_WANT = nil, 1, 0
   SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil
 end
