@@ -690,3 +690,39 @@ fn scripts_agree_with_the_model() {
             .unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
     }
 }
+
+/// A batch whose requests could take more free slots than are listed pops them ahead in one
+/// call (the prelude's POOL): its grants take the lowest in order, and what a request that
+/// queues did not take is listed as free again when the batch's writes are made. The model
+/// checks the holders' slots and the free slots after every step.
+#[test]
+fn a_batch_takes_the_lowest_free_slots_and_lists_again_what_it_popped_ahead() {
+    let acquire = |reqs: &[(u32, bool, usize, u8)]| Op::Acquire {
+        reqs: reqs.to_vec(),
+    };
+    let ops = [
+        // slots 0..3 (nothing listed: the high-water mark)
+        acquire(&[
+            (1, false, 0, 0),
+            (1, false, 0, 0),
+            (1, false, 1, 0),
+            (1, false, 1, 0),
+        ]),
+        // slots 0 and 2 freed: listed below the mark
+        Op::Release { pick: 0 },
+        Op::Release { pick: 1 },
+        // 1 + 3 asked with 3 free: the first takes slot 0, the second queues; slot 2, popped
+        // ahead, is listed again
+        acquire(&[(1, false, 0, 0), (3, false, 1, 0)]),
+        // the queued one is granted 2, 4 and a freed slot once one is released
+        Op::Release { pick: 0 },
+        // a batch behind a queue pops nothing ahead; a try that does not fit takes nothing
+        acquire(&[(1, true, 0, 0), (2, false, 0, 1), (1, false, 1, 0)]),
+        Op::Release { pick: 1 },
+        Op::Release { pick: 0 },
+        acquire(&[(2, false, 0, 0), (1, false, 1, 0), (9, false, 0, 0)]),
+    ];
+    for server in servers() {
+        run_case(&server, &ops).unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
+    }
+}
