@@ -855,4 +855,67 @@ mod tests {
         assert!(queue_place(9_001, crate::MAX_PRIORITY) < queue_place(1, 0));
         assert!(queue_place(9_002, crate::MAX_PRIORITY) > queue_place(1, 0));
     }
+    /// The names a Lua line assigns (`a, b = ...`; not `local`, not a field or index, not a
+    /// comparison): the plain identifiers left of its first `=`.
+    fn assigned(line: &str) -> Vec<&str> {
+        let t = line.trim_start();
+        if t.starts_with("local ") || t.starts_with("--") {
+            return vec![];
+        }
+        let Some(at) = t.find('=') else {
+            return vec![];
+        };
+        if t[at + 1..].starts_with('=') || t[..at].ends_with(['~', '<', '>', '=']) {
+            return vec![];
+        }
+        let names: Vec<&str> = t[..at].split(',').map(str::trim).collect();
+        let ident = |n: &&str| {
+            !n.is_empty()
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !n.starts_with(|c: char| c.is_ascii_digit())
+        };
+        if names.iter().all(ident) {
+            names
+        } else {
+            vec![]
+        }
+    }
+
+    /// In the Functions library the prelude's top-level values live as long as the library,
+    /// shared by every call: each one that a function assigns must be set again by `begin`,
+    /// or a call would see what an earlier one left (NOW_MS_S once was not).
+    #[test]
+    fn begin_sets_every_value_that_a_call_changes() {
+        let mut top: Vec<&str> = vec![]; // the top-level locals (not functions)
+        for line in PRELUDE.lines() {
+            if let Some(rest) = line.strip_prefix("local ")
+                && !rest.starts_with("function ")
+            {
+                let names = rest.split('=').next().unwrap_or_default();
+                top.extend(names.split(',').map(str::trim).filter(|n| !n.is_empty()));
+            }
+        }
+        let begin = PRELUDE
+            .split("\nlocal function begin(")
+            .nth(1)
+            .and_then(|b| b.split("\nend\n").next())
+            .expect("prelude.lua defines begin");
+        let set_by_begin: Vec<&str> = begin.lines().flat_map(assigned).collect();
+        let mut missing: Vec<&str> = vec![];
+        for line in PRELUDE.lines().filter(|l| l.starts_with(' ')) {
+            for name in assigned(line) {
+                if top.contains(&name) && !set_by_begin.contains(&name) && !missing.contains(&name)
+                {
+                    missing.push(name);
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "prelude.lua: functions assign {missing:?}, which begin() does not set"
+        );
+        // (the check reads what it should)
+        assert!(set_by_begin.contains(&"NOW_MS_S") && set_by_begin.contains(&"POOL"));
+        assert!(top.contains(&"NOW_MS_S") && top.contains(&"HW"));
+    }
 }
