@@ -517,3 +517,57 @@ async fn a_lost_configuration_keeps_the_highest_ticket_granted_in_each_class() {
         assert_eq!(served("s2").as_deref(), Some("2"), "{}", server.flavor());
     }
 }
+
+/// No key is lost here, so no repair may be reported: the last holder leaves while a request
+/// for two permits waits, once by a release and once by its lease running out (reaped by the
+/// waiter's client's renewal), in both cases after the other holder's slot (0) was given back
+/// below the high-water mark. A script that counted the slots held after freeing the last one
+/// took the empty slot map for a lost one, rebuilt it and counted a repair, which `stats` and
+/// `redsem stats` then report to operators as key loss.
+#[tokio::test]
+async fn freeing_the_last_slot_is_not_taken_for_a_lost_slot_map() {
+    for server in servers() {
+        let client = client(&server).await;
+        for reaped in [false, true] {
+            let name = format!("last-slot-{reaped}");
+            let sem = client
+                .semaphore(name.as_str(), 2)
+                .lease(Duration::from_millis(600))
+                .renew_every(Duration::from_millis(150))
+                .open()
+                .await
+                .unwrap();
+            let a = sem.acquire().await.unwrap();
+            let b = sem.acquire().await.unwrap();
+            assert_eq!((a.slots(), b.slots()), (vec![0], vec![1]));
+            let waiter = tokio::spawn({
+                let sem = sem.clone();
+                async move { sem.acquire_many(2).await }
+            });
+            while sem.stats().await.unwrap().waiter_count == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            a.release().await.unwrap();
+            assert_eq!(card(&server, &name, "free"), 1, "slot 0 is listed free");
+            if reaped {
+                b.detach(); // (its lease runs out; the waiter's renewals reap it)
+            } else {
+                b.release().await.unwrap();
+            }
+            let both = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter is granted")
+                .unwrap()
+                .unwrap();
+            assert_eq!(both.slots(), vec![0, 1]);
+            let st = sem.stats().await.unwrap();
+            assert_eq!(
+                (st.repairs_total, st.in_use),
+                (0, 2),
+                "{} (reaped: {reaped})",
+                server.flavor()
+            );
+            both.release().await.unwrap();
+        }
+    }
+}

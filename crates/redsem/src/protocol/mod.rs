@@ -895,12 +895,21 @@ mod tests {
                 top.extend(names.split(',').map(str::trim).filter(|n| !n.is_empty()));
             }
         }
-        let begin = PRELUDE
-            .split("\nlocal function begin(")
-            .nth(1)
-            .and_then(|b| b.split("\nend\n").next())
-            .expect("prelude.lua defines begin");
-        let set_by_begin: Vec<&str> = begin.lines().flat_map(assigned).collect();
+        // (begin sets some itself, and the rest through on_semaphore)
+        let body = |name: &str| {
+            PRELUDE
+                .split(&format!("\nlocal function {name}("))
+                .nth(1)
+                .and_then(|b| b.split("\nend\n").next())
+                .unwrap_or_else(|| panic!("prelude.lua defines {name}"))
+        };
+        let (begin, on_semaphore) = (body("begin"), body("on_semaphore"));
+        assert!(begin.contains("on_semaphore(keys, 0, args)"));
+        let set_by_begin: Vec<&str> = begin
+            .lines()
+            .chain(on_semaphore.lines())
+            .flat_map(assigned)
+            .collect();
         let mut missing: Vec<&str> = vec![];
         for line in PRELUDE.lines().filter(|l| l.starts_with(' ')) {
             for name in assigned(line) {
@@ -916,6 +925,7 @@ mod tests {
         );
         // (the check reads what it should)
         assert!(set_by_begin.contains(&"NOW_MS_S") && set_by_begin.contains(&"POOL"));
+        assert!(set_by_begin.contains(&"HELD") && set_by_begin.contains(&"K_OWN"));
         assert!(top.contains(&"NOW_MS_S") && top.contains(&"HW"));
     }
 }

@@ -37,7 +37,7 @@
 --   2 channel base: a grant for a waiter whose client channel id is c is published on base..c
 --   3 publish command: PUBLISH (standalone) or SPUBLISH (cluster)
 -- (renew_many works on several semaphores in one call: it points these at each in turn with
--- its use_semaphore; every other script works on KEYS[1..7] and ARGV.)
+-- on_semaphore; every other script works on KEYS[1..7] and ARGV.)
 -- Every value below that a call changes is set by begin() (at the end of this file), which
 -- each script and each function of the library calls first: in the library (docs/PROTOCOL.md,
 -- "The Functions library") these are created once and shared by every call.
@@ -122,6 +122,14 @@ local LIMIT = 0
 -- Set when this call freed a holder's slots: tidy_free() then resets the free slots of a
 -- semaphore nobody holds any more.
 local SLOTS_FREED = false
+-- The number of fields of `slots` (the slots held), once held_count read it in this call; every
+-- write of the slot map then adds what its reply says it added or removed (count_slots), or,
+-- on the rare paths, forgets it (nil: read again). So a call reads HLEN once, and a count
+-- taken after this call freed its last slot is not mistaken for a lost slot map.
+local HELD = nil
+local function count_slots(delta)
+  if HELD then HELD = HELD + delta end
+end
 -- Set by the scripts that serve the entries of an existing semaphore (renew, release,
 -- lease) before load_limit: a semaphore that delete.lua removed while entries were left (its
 -- tombstone '!deleted' in `own`) is then not re-created, and load_limit returns nil.
@@ -281,7 +289,7 @@ local function flush()
     call_in_chunks('ZADD', K_FREE, back)
     POOL = nil
   end
-  call_in_chunks('HSET', K_SLOTS, b.slots)
+  count_slots(call_in_chunks('HSET', K_SLOTS, b.slots))
   if #b.queue > 0 then
     QLEN = QLEN + call_in_chunks('ZADD', K_QUEUE, b.queue)
     CFG_DIRTY = true
@@ -324,11 +332,11 @@ local function write_entry(id, m, slots, score, sid, lease)
   end
   if slots then
     if #slots == 1 then -- (without a table: 0.5 % of a lone cycle, scripts/lua-cost.sh)
-      redis.call('HSET', K_SLOTS, slots[1], id)
+      count_slots(redis.call('HSET', K_SLOTS, slots[1], id))
     else
       local map = {}
       for i = 1, #slots do map[2 * i - 1] = slots[i]; map[2 * i] = id end
-      redis.call('HSET', K_SLOTS, unpack(map))
+      count_slots(redis.call('HSET', K_SLOTS, unpack(map)))
     end
   end
   if score then queue_add(score, id) end
@@ -380,14 +388,19 @@ local check_all_then_repair -- (defined below, with the rare paths)
 
 -- The number of slots held. A slot map that is empty while the high-water mark says that a
 -- slot is held was lost (a key eviction, a DEL): it is rebuilt from the holders' records
--- before anything relies on it (every grant counts the holders first).
+-- before anything relies on it (every grant counts the holders first). That check is made
+-- where the count is read (HELD, once per call, before the call freed any slot: a call that
+-- frees the last slot while the mark is above 0 lowers it in finish, tidy_free), and every
+-- script that may free a slot counts them before its first write.
 local function held_count()
   flush()
+  if HELD then return HELD end
   local n = redis.call('HLEN', K_SLOTS)
   if n == 0 and HW > 0 then
     check_all_then_repair()
     n = redis.call('HLEN', K_SLOTS)
   end
+  HELD = n
   return n
 end
 
@@ -423,7 +436,7 @@ local LOADED_SERVED = nil
 -- so that every slot is free, unlisted. Keeps an idle semaphore small whatever its limit.
 local function tidy_free()
   SLOTS_FREED = false
-  if HW > 0 and redis.call('HLEN', K_SLOTS) == 0 then
+  if HW > 0 and (HELD or redis.call('HLEN', K_SLOTS)) == 0 then
     redis.call('DEL', K_FREE)
     HW = 0
     CFG_DIRTY = true
@@ -567,12 +580,13 @@ local function rare()
   -- Frees the slots mapped to `id`, whose record is gone (a scan of the slot map: only after
   -- a loss of `meta`).
   function R.free_slots_of(id, limit)
+    if not HELD then held_count() end -- (before a slot is freed: HELD)
     local all = redis.call('HGETALL', K_SLOTS)
     local found = false
     for i = 1, #all, 2 do
       if all[i + 1] == id then
         found = true
-        redis.call('HDEL', K_SLOTS, all[i])
+        count_slots(-redis.call('HDEL', K_SLOTS, all[i]))
         return_slots({ tonumber(all[i]) }, limit)
       end
     end
@@ -633,6 +647,7 @@ local function rare()
       if mapped[s] == nil then free[#free + 1] = s; free[#free + 1] = s end
     end
     call_in_chunks('ZADD', K_FREE, free)
+    HELD = nil -- (counted again where needed)
   end
 
   -- A repair of the slot map and free slots (counted in cfg.repairs).
@@ -794,6 +809,7 @@ end
 -- (A record lists exactly the slots its holder has in K_SLOTS: every script keeps them in step;
 -- an entry without a record lost it, and the slots still mapped to it are freed.)
 drop_entry = function(id, m, limit, tomb)
+  if not HELD and (not m or m.s) then held_count() end -- (before a slot is freed: HELD)
   redis.call('HDEL', K_META, id)
   if m then
     local sid = sess_of(m)
@@ -801,7 +817,7 @@ drop_entry = function(id, m, limit, tomb)
     if tomb then redis.call('ZADD', K_OWN, '0', sid .. '|' .. tomb .. id) end
     if m.s then
       local ss = slot_strs(m)
-      redis.call('HDEL', K_SLOTS, unpack(ss))
+      count_slots(-redis.call('HDEL', K_SLOTS, unpack(ss)))
       return_slots(m.s, limit, ss)
     else
       queue_remove({ id })
@@ -1088,6 +1104,24 @@ local function held_reply(m)
   return { 1, m.s or {}, f, m.t }
 end
 
+-- The state of a fresh call on the semaphore whose seven keys follow keys[offset] (in the
+-- order of K_CFG ...) and whose arguments are `args` (laid out as ARGV): every value of the
+-- prelude that belongs to one semaphore. begin() calls it, and renew_many.lua once per
+-- semaphore (after a flush: only acquire.lua gathers a BUF); the time read stays the call's.
+local function on_semaphore(keys, offset, args)
+  K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN = keys[offset + 1], keys[offset + 2],
+    keys[offset + 3], keys[offset + 4], keys[offset + 5], keys[offset + 6], keys[offset + 7]
+  A = args
+  CH_BASE, PUB = args[2], args[3]
+  CREATED = false
+  SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
+  W = {}
+  CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
+  HELD = nil
+  POOL, POOL_I, POOL_WANT = nil, 1, 0
+  SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil
+end
+
 -- The state of a fresh call on the semaphore whose keys are `keys` (KEYS) and arguments
 -- `args` (ARGV). Called first by every script and every function of the library, before
 -- anything else: so a call never sees what an earlier one left (the library's values live
@@ -1097,16 +1131,7 @@ local function begin(keys, args)
     redis, string, table, math, tonumber, ipairs, pairs, next, unpack, error, type, tostring =
       real_globals()
   end
-  K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN =
-    keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7]
-  A = args
-  CH_BASE, PUB = args[2], args[3]
-  CREATED = false
   NOW_MS, NOW_US, NOW_MS_S = nil, nil, nil
-  SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
-  W = {}
-  CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
   BUF, RARE = nil, nil
-  POOL, POOL_I, POOL_WANT = nil, 1, 0
-  SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil
+  on_semaphore(keys, 0, args)
 end

@@ -18,14 +18,16 @@ local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- only sessions to end, of a semaphore that is gone (deleted): nothing to do, and nothing
 -- to create
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
--- (load_limit reads `own`, `exp` and `queue` before any write: see check_lost)
-check_hash(K_SLOTS); check_zset(K_FREE)
+-- (load_limit reads `own`, `exp` and `queue` before any write: see check_lost; held_count
+-- reads `slots`, and counts the slots held before any is freed)
+check_zset(K_FREE)
 ONLY_EXISTING = true
 local limit = load_limit()
 if not limit then -- deleted (delete.lua): nothing left, nothing re-created
   if ARGV[4] == '2' then return { 0, 0 } end
   return 0
 end
+held_count()
 local force = ARGV[4] == '1' or ARGV[4] == '2'
 local removed, unknown = 0, false
 local waiters = {} -- the waiters removed by force, as {id, record}
@@ -87,7 +89,7 @@ elseif #ids > 1 then
     call_in_chunks('HDEL', K_META, del)
     call_in_chunks('ZREM', K_OWN, unown)
     call_in_chunks('ZADD', K_OWN, tombs)
-    call_in_chunks('HDEL', K_SLOTS, freed_s)
+    count_slots(-call_in_chunks('HDEL', K_SLOTS, freed_s))
     return_slots(freed, limit, freed_s)
     queue_remove(unqueue)
     for i, id in ipairs(ids) do

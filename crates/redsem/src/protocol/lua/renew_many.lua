@@ -14,24 +14,13 @@
 --   have written before the same error (nothing, see docs/PROTOCOL.md, "Errors", except for
 --   REDSEM_CORRUPT); the others are renewed.
 
--- (defined here, not in the prelude: every other script would pay for building it)
--- Makes the semaphore whose keys follow KEYS[offset] (seven of them, in the prelude's order)
--- and whose arguments are `args` (laid out as ARGV: the common header, then the
--- script's own) the one the prelude's functions work on, with the state of a fresh call (the time
--- read by now_ms stays the call's). Every per-semaphore variable of the prelude is set here
--- (a batch gathered in BUF is written first: only acquire.lua gathers one).
+-- Makes the semaphore whose keys follow KEYS[offset] and whose arguments are `args` the one
+-- the prelude's functions work on, with the state of a fresh call (the prelude's
+-- on_semaphore; the time read by now_ms stays the call's), after writing what a batch
+-- gathered in BUF (only acquire.lua gathers one).
 local function use_semaphore(offset, args)
   flush()
-  K_CFG, K_QUEUE, K_EXP, K_META, K_SLOTS, K_FREE, K_OWN = KEYS[offset + 1], KEYS[offset + 2],
-    KEYS[offset + 3], KEYS[offset + 4], KEYS[offset + 5], KEYS[offset + 6], KEYS[offset + 7]
-  A = args
-  CH_BASE, PUB = args[2], args[3]
-  CREATED = false
-  SEQ, GEN, GRANTS, EXPIRED, REPAIRS, QLEN = 0, 0, 0, 0, 0, 0
-  CFG_DIRTY = false
-  SERVED = nil
-  READ_SERVED, LOADED_SERVED = false, nil
-  ONLY_EXISTING = false
+  on_semaphore(KEYS, offset, args)
 end
 
 -- Redis's (and Valkey's) own error handler adds the failing line to the error; without it,
