@@ -415,6 +415,19 @@ fn snapshot_real(r: &mut Real) -> Snapshot {
     (holders, queue, free)
 }
 
+/// (cfg.repairs, cfg.hw, the slots held), each 0 when absent.
+fn counters_real(r: &mut Real) -> (u64, u64, u64) {
+    use redis::Commands;
+    let (repairs, hw): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(&r.keys[0])
+        .arg("repairs")
+        .arg("hw")
+        .query(&mut r.con)
+        .unwrap();
+    let held: u64 = r.con.hlen(&r.keys[4]).unwrap();
+    (repairs.unwrap_or(0), hw.unwrap_or(0), held)
+}
+
 fn snapshot_model(m: &Model) -> Snapshot {
     let holders = m
         .entries
@@ -653,6 +666,19 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
             snapshot_model(&model),
             snapshot_real(&mut real),
             "state after {:?}",
+            op
+        );
+        // No key is ever lost here: a repair would be a false alarm (`stats` reports
+        // repairs to operators as key loss), and the high-water mark is 0 exactly when no
+        // slot is held (docs/PROTOCOL.md, "Free slots").
+        let (repairs, hw, held) = counters_real(&mut real);
+        prop_assert_eq!(repairs, 0, "repairs counted after {:?}", op);
+        prop_assert_eq!(
+            hw == 0,
+            held == 0,
+            "cfg.hw {} with {} slots held after {:?}",
+            hw,
+            held,
             op
         );
     }
