@@ -1,9 +1,11 @@
 //! Property test: random sequences of acquire / acquire_many / try_acquire (each with a
-//! priority class) / release / cancel / expiry / renewal / resize are run against the Lua
+//! priority class) / release / cancel (alone, or several in one call as a client combines
+//! them) / an operator's forced release / expiry / renewal / resize are run against the Lua
 //! scripts in Redis and against a small in-memory model of the semantics. After every step the two must agree on the reply,
-//! the holders and their slots, the queue order, the free slots and the holders' fences; at the end,
-//! the notifications each client channel received must be exactly the grants and
-//! rejections the model made for that client's waiters, in order.
+//! the holders and their slots, the queue order, the free slots and the holders' fences, and
+//! no repair may have been counted (no key is lost here); at the end,
+//! the notifications each client channel received must be exactly the grants,
+//! rejections and removals the model made for that client's waiters, in order.
 //!
 //! Fence generations come from Redis's clock (`max(stored + 1, TIME in µs)`), so the model
 //! numbers them 1, 2, 3… per slot, and the real ones are translated to that numbering: each
@@ -34,6 +36,17 @@ enum Op {
     Release {
         pick: usize,
     },
+    /// Release 2 or 3 entries (holders, waiters, or the same one twice) in one call, as a
+    /// client's combined releases are sent: they are removed, then what they freed is granted
+    /// once.
+    ReleaseMany {
+        picks: Vec<usize>,
+    },
+    /// An operator removes 1 or 2 entries (`redsem release`: force "2"): the same removal and
+    /// grants, and each removed waiter's client is told (`r:<id>`) after the grants.
+    ForceRelease {
+        picks: Vec<usize>,
+    },
     /// The lease of the entry's session runs out (as if its client died): every entry of
     /// that client expires with it.
     Expire {
@@ -51,6 +64,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => proptest::collection::vec((1u32..=4, any::<bool>(), 0usize..2, priority()), 1..=3).prop_map(|reqs| Op::Acquire { reqs }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        1 => proptest::collection::vec(any::<usize>(), 2..=3).prop_map(|picks| Op::ReleaseMany { picks }),
+        1 => proptest::collection::vec(any::<usize>(), 1..=2).prop_map(|picks| Op::ForceRelease { picks }),
         1 => any::<usize>().prop_map(|pick| Op::Expire { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
         1 => (1u32..=5).prop_map(|limit| Op::Resize { limit }),
@@ -93,6 +108,8 @@ enum Reply {
         limit: u32,
     },
     Removed(u64),
+    /// (holders removed, waiters removed)
+    Forced(u64, u64),
     /// A renewal: the states, the head's place (rounded down) and the highest ticket granted
     /// in each priority class.
     States(Vec<i64>, Option<i64>, Vec<i64>),
@@ -568,6 +585,65 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                 let out = model.pump();
                 model.publish(&out, None);
                 (Reply::Removed(removed), got)
+            }
+            Op::ReleaseMany { picks } => {
+                let mut ids: Vec<String> = vec![];
+                for pick in picks {
+                    let id = live
+                        .get(pick % live.len().max(1))
+                        .cloned()
+                        .unwrap_or_else(|| "none".into());
+                    ids.push(id);
+                }
+                let mut args: Vec<String> = vec!["0".into(), "0".into(), "0".into()];
+                args.extend(ids.iter().cloned());
+                let got = Reply::Removed(match real.call(&real.release.clone(), &args) {
+                    Value::Int(i) => i as u64,
+                    v => panic!("{v:?}"),
+                });
+                // (an id sent twice is removed once)
+                let mut removed = 0;
+                for id in &ids {
+                    removed += model.drop_entry(id).is_some() as u64;
+                }
+                let out = model.pump();
+                model.publish(&out, None);
+                (Reply::Removed(removed), got)
+            }
+            Op::ForceRelease { picks } => {
+                let mut ids: Vec<String> = vec![];
+                for pick in picks {
+                    let id = live
+                        .get(pick % live.len().max(1))
+                        .cloned()
+                        .unwrap_or_else(|| "none".into());
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                let mut args: Vec<String> = vec!["2".into(), "0".into(), "0".into()];
+                args.extend(ids.iter().cloned());
+                let got = match real.call(&real.release.clone(), &args) {
+                    Value::Array(v) => match v.as_slice() {
+                        [Value::Int(h), Value::Int(w)] => Reply::Forced(*h as u64, *w as u64),
+                        other => panic!("{other:?}"),
+                    },
+                    v => panic!("{v:?}"),
+                };
+                let (mut holders, mut told) = (0, vec![]);
+                for id in &ids {
+                    match model.drop_entry(id) {
+                        Some(e) if e.slots.is_empty() => told.push((id.clone(), e.client)),
+                        Some(_) => holders += 1,
+                        None => {}
+                    }
+                }
+                let out = model.pump();
+                model.publish(&out, None);
+                for (id, client) in &told {
+                    model.notices[*client].push(format!("r:{id}"));
+                }
+                (Reply::Forced(holders, told.len() as u64), got)
             }
             Op::Expire { pick } => {
                 if let Some(id) = live.get(pick % live.len().max(1)) {
