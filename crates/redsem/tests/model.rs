@@ -32,14 +32,10 @@ enum Op {
     Acquire {
         reqs: Vec<(u32, bool, usize, u8)>,
     },
-    /// Release a holder or cancel a waiter (same script).
+    /// Release holders or cancel waiters (same script): one, or 2 or 3 in one call (the same
+    /// one twice, maybe) as a client's combined releases are sent: they are removed, then
+    /// what they freed is granted once.
     Release {
-        pick: usize,
-    },
-    /// Release 2 or 3 entries (holders, waiters, or the same one twice) in one call, as a
-    /// client's combined releases are sent: they are removed, then what they freed is granted
-    /// once.
-    ReleaseMany {
         picks: Vec<usize>,
     },
     /// An operator removes 1 or 2 entries (`redsem release`: force "2"): the same removal and
@@ -63,8 +59,8 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => proptest::collection::vec((1u32..=4, any::<bool>(), 0usize..2, priority()), 1..=3).prop_map(|reqs| Op::Acquire { reqs }),
-        3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
-        1 => proptest::collection::vec(any::<usize>(), 2..=3).prop_map(|picks| Op::ReleaseMany { picks }),
+        3 => any::<usize>().prop_map(|pick| Op::Release { picks: vec![pick] }),
+        1 => proptest::collection::vec(any::<usize>(), 2..=3).prop_map(|picks| Op::Release { picks }),
         1 => proptest::collection::vec(any::<usize>(), 1..=2).prop_map(|picks| Op::ForceRelease { picks }),
         1 => any::<usize>().prop_map(|pick| Op::Expire { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Renew { pick }),
@@ -248,6 +244,14 @@ impl Model {
     }
 }
 
+/// The entry `pick` designates among the live ones ("none", an id that never existed, when
+/// there is none).
+fn pick_id(live: &[String], pick: usize) -> String {
+    live.get(pick % live.len().max(1))
+        .cloned()
+        .unwrap_or_else(|| "none".into())
+}
+
 fn join<T: ToString>(v: &[T]) -> String {
     v.iter()
         .map(|x| x.to_string())
@@ -323,6 +327,13 @@ impl Real {
         let fences = self.ord_all(&slots, &nums(parts[4]));
         let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
         format!("g:{}:{}:{}:{}", parts[1], parts[2], parts[3], join(&fences))
+    }
+
+    /// release.lua on `ids`, with `force` ("0", or "2" for an operator's release).
+    fn release_ids(&mut self, force: &str, ids: &[String]) -> Value {
+        let mut args: Vec<String> = vec![force.into(), "0".into(), "0".into()];
+        args.extend(ids.iter().cloned());
+        self.call(&self.release.clone(), &args)
     }
 
     fn call(&mut self, s: &redis::Script, args: &[String]) -> Value {
@@ -566,64 +577,26 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                 }
                 (Reply::Batch(want), got)
             }
-            Op::Release { pick } => {
-                let id = live
-                    .get(pick % live.len().max(1))
-                    .cloned()
-                    .unwrap_or_else(|| "none".into());
-                let got = Reply::Removed(
-                    match real.call(
-                        &real.release.clone(),
-                        &["0".into(), "0".into(), "0".into(), id.clone()],
-                    ) {
-                        Value::Int(i) => i as u64,
-                        v => panic!("{v:?}"),
-                    },
-                );
-                let removed = model.drop_entry(&id).is_some() as u64;
+            Op::Release { picks } => {
+                let ids: Vec<String> = picks.iter().map(|p| pick_id(&live, *p)).collect();
+                let got = match real.release_ids("0", &ids) {
+                    Value::Int(i) => Reply::Removed(i as u64),
+                    v => panic!("{v:?}"),
+                };
+                // (an id sent twice is removed once)
+                let removed = ids
+                    .iter()
+                    .filter(|id| model.drop_entry(id).is_some())
+                    .count();
                 // a release grants what it frees, and reaps nothing
                 let out = model.pump();
                 model.publish(&out, None);
-                (Reply::Removed(removed), got)
-            }
-            Op::ReleaseMany { picks } => {
-                let mut ids: Vec<String> = vec![];
-                for pick in picks {
-                    let id = live
-                        .get(pick % live.len().max(1))
-                        .cloned()
-                        .unwrap_or_else(|| "none".into());
-                    ids.push(id);
-                }
-                let mut args: Vec<String> = vec!["0".into(), "0".into(), "0".into()];
-                args.extend(ids.iter().cloned());
-                let got = Reply::Removed(match real.call(&real.release.clone(), &args) {
-                    Value::Int(i) => i as u64,
-                    v => panic!("{v:?}"),
-                });
-                // (an id sent twice is removed once)
-                let mut removed = 0;
-                for id in &ids {
-                    removed += model.drop_entry(id).is_some() as u64;
-                }
-                let out = model.pump();
-                model.publish(&out, None);
-                (Reply::Removed(removed), got)
+                (Reply::Removed(removed as u64), got)
             }
             Op::ForceRelease { picks } => {
-                let mut ids: Vec<String> = vec![];
-                for pick in picks {
-                    let id = live
-                        .get(pick % live.len().max(1))
-                        .cloned()
-                        .unwrap_or_else(|| "none".into());
-                    if !ids.contains(&id) {
-                        ids.push(id);
-                    }
-                }
-                let mut args: Vec<String> = vec!["2".into(), "0".into(), "0".into()];
-                args.extend(ids.iter().cloned());
-                let got = match real.call(&real.release.clone(), &args) {
+                let mut ids: Vec<String> = picks.iter().map(|p| pick_id(&live, *p)).collect();
+                ids.dedup();
+                let got = match real.release_ids("2", &ids) {
                     Value::Array(v) => match v.as_slice() {
                         [Value::Int(h), Value::Int(w)] => Reply::Forced(*h as u64, *w as u64),
                         other => panic!("{other:?}"),
@@ -664,10 +637,7 @@ fn run_case(server: &Server, ops: &[Op]) -> Result<(), TestCaseError> {
                 (Reply::Removed(0), Reply::Removed(0))
             }
             Op::Renew { pick } => {
-                let id = live
-                    .get(pick % live.len().max(1))
-                    .cloned()
-                    .unwrap_or_else(|| "none".into());
+                let id = pick_id(&live, *pick);
                 let v = real.call(&real.renew.clone(), &["0".into(), id.clone()]);
                 let Value::Array(a) = &v else { panic!("{v:?}") };
                 let Value::Array(states) = &a[1] else {
@@ -811,17 +781,17 @@ fn a_batch_takes_the_lowest_free_slots_and_lists_again_what_it_popped_ahead() {
             (1, false, 1, 0),
         ]),
         // slots 0 and 2 freed: listed below the mark
-        Op::Release { pick: 0 },
-        Op::Release { pick: 1 },
+        Op::Release { picks: vec![0] },
+        Op::Release { picks: vec![1] },
         // 1 + 3 asked with 3 free: the first takes slot 0, the second queues; slot 2, popped
         // ahead, is listed again
         acquire(&[(1, false, 0, 0), (3, false, 1, 0)]),
         // the queued one is granted 2, 4 and a freed slot once one is released
-        Op::Release { pick: 0 },
+        Op::Release { picks: vec![0] },
         // a batch behind a queue pops nothing ahead; a try that does not fit takes nothing
         acquire(&[(1, true, 0, 0), (2, false, 0, 1), (1, false, 1, 0)]),
-        Op::Release { pick: 1 },
-        Op::Release { pick: 0 },
+        Op::Release { picks: vec![1] },
+        Op::Release { picks: vec![0] },
         acquire(&[(2, false, 0, 0), (1, false, 1, 0), (9, false, 0, 0)]),
     ];
     for server in servers() {
