@@ -578,9 +578,8 @@ local function rare()
   end
 
   -- Frees the slots mapped to `id`, whose record is gone (a scan of the slot map: only after
-  -- a loss of `meta`).
+  -- a loss of `meta`). Only drop_entry calls it, having counted the slots held (HELD).
   function R.free_slots_of(id, limit)
-    if not HELD then held_count() end -- (before a slot is freed: HELD)
     local all = redis.call('HGETALL', K_SLOTS)
     local found = false
     for i = 1, #all, 2 do
