@@ -22,8 +22,10 @@ local limit = load_limit() -- (it reads `own` before any write: see check_lost)
 settle(now, limit, false)
 local used = held_count()
 -- The place (score_of) of the head of the queue: nil until read, math.huge when nobody waits.
--- A request is granted at once only if it fits and nobody is queued ahead of it.
-local head = nil
+-- A request is granted at once only if it fits and nobody is queued ahead of it; one that
+-- does not fit queues without reading it (`low`: the lowest place this call queued at, which
+-- a read of the queue would miss while a batch's writes are gathered).
+local head, low = nil, math.huge
 local k = tonumber(ARGV[4])
 -- A batch reads the records of its ids that exist already (a request sent again) with one
 -- HMGET, and gathers its writes (below); a lone request reads and writes as it goes, which
@@ -53,23 +55,27 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
   m = { n = n, t = 0, c = channel, l = lease, w = wait_lease, lb = label, q = now_ms_s(),
     a = nil, s = nil, ss = nil, f = nil, g = nil }
   if priority > 0 then m.p = priority end
-  -- Capacity goes to the queue first: a request is granted at once only if nobody is queued
-  -- ahead of it. Without a priority everyone queued is ahead (their places are below any new
-  -- ticket); with one, only those whose place is at or below its own.
-  if head == nil then
-    if QLEN == 0 then
-      head = math.huge
-    else
-      local h = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
-      head = #h > 0 and tonumber(h[2]) or math.huge
-    end
-  end
   -- (its place with the ticket it takes if it is granted or queued; a try that fails takes
   -- none)
   m.t = SEQ + 1
   local place = score_of(m)
-  local queued = head < place
   local fits = used + n <= limit
+  -- Capacity goes to the queue first: a request is granted at once only if nobody is queued
+  -- ahead of it. Without a priority everyone queued is ahead (their places are below any new
+  -- ticket); with one, only those whose place is at or below its own.
+  local queued = false
+  if fits then
+    if head == nil then
+      if QLEN == 0 then
+        head = math.huge
+      else
+        local h = redis.call('ZRANGE', K_QUEUE, '0', '0', 'WITHSCORES')
+        head = #h > 0 and tonumber(h[2]) or math.huge
+      end
+      if low < head then head = low end
+    end
+    queued = head < place
+  end
   if not queued and fits then
     m.t = next_ticket()
     if grant(id, m, now, true, limit) then
@@ -83,7 +89,8 @@ local function one(id, n, lease, wait_lease, channel, label, mode, priority)
   -- Queue at its place: behind a head that cannot be granted (see settle), or at the head
   -- itself when it does not fit; either way nobody can be granted yet.
   m.t = next_ticket()
-  if place < head then head = place end
+  if head and place < head then head = place end
+  if place < low then low = place end
   write_entry(id, m, nil, place, sess_of(m), m.w)
   return 0, m.t
 end

@@ -130,6 +130,15 @@ local HELD = nil
 local function count_slots(delta)
   if HELD then HELD = HELD + delta end
 end
+-- Set while `free` is known to list no slot (release.lua counted it empty) and this call has
+-- listed none: the slots this call frees are then KEPT (numbers, highest first) instead of
+-- listed, its grants take them (the lowest free slots: nothing below the mark is free but
+-- them) without a ZADD and a ZPOPMIN each, and finish() lists those left (list_kept). The rare
+-- paths that write `free` list them first (short_free) or list every free slot anew
+-- (rebuild_slots). (acquire.lua always pops: a Redis user refused ZPOPMIN fails at its first
+-- grant, before it wrote anything, not in a later release.)
+local FREE_EMPTY = false
+local KEPT = nil
 -- Set by the scripts that serve the entries of an existing semaphore (renew, release,
 -- lease) before load_limit: a semaphore that delete.lua removed while entries were left (its
 -- tombstone '!deleted' in `own`) is then not re-created, and load_limit returns nil.
@@ -157,6 +166,20 @@ local function call_in_chunks(cmd, key, list)
   local sum = 0
   in_chunks(list, function(a) sum = sum + redis.call(cmd, key, unpack(a)) end)
   return sum
+end
+
+-- Lists the slots KEPT (see FREE_EMPTY) in `free`; from then on this call lists what it frees.
+local function list_kept()
+  FREE_EMPTY = false
+  local kept = KEPT
+  if not kept then return end
+  KEPT = nil
+  local add = {}
+  for i = #kept, 1, -1 do
+    local x = string.format('%d', kept[i])
+    add[#add + 1] = x; add[#add + 1] = x
+  end
+  if #add > 0 then call_in_chunks('ZADD', K_FREE, add) end
 end
 
 -- Priority classes (docs/PROTOCOL.md, "Priority classes"): a waiter's place in the queue is
@@ -437,14 +460,16 @@ local LOADED_SERVED = nil
 local function tidy_free()
   SLOTS_FREED = false
   if HW > 0 and (HELD or redis.call('HLEN', K_SLOTS)) == 0 then
-    redis.call('DEL', K_FREE)
+    if not FREE_EMPTY then redis.call('DEL', K_FREE) end
     HW = 0
+    KEPT = nil -- (free, unlisted, above the mark)
     CFG_DIRTY = true
   end
 end
 
 local function finish()
   if SLOTS_FREED then tidy_free() end
+  if KEPT then list_kept() end
   if CFG_DIRTY then
     -- (only the counters that differ from what cfg holds: W)
     local args = {}
@@ -488,9 +513,11 @@ local function next_ticket()
 end
 
 -- Gives back the slots `slots` (numbers) of a holder that is gone: the slot just below the
--- high-water mark lowers it, any other below the limit is listed free (one call for all).
+-- high-water mark lowers it, any other below the limit is listed free (one call for all), or
+-- KEPT for this call's grants while nothing is listed (FREE_EMPTY).
 -- (A slot at or above the limit, after a shrink, is simply no longer held.)
 -- `strs` (optional): the same slots as decimal strings, in the same order.
+local function DESCENDING(a, b) return a > b end
 local function return_slots(slots, limit, strs)
   SLOTS_FREED = true
   local str_of = {} -- slot -> its string (what is listed), as given
@@ -510,10 +537,16 @@ local function return_slots(slots, limit, strs)
       HW = s
       CFG_DIRTY = true
     elseif s < limit then
-      local x = str_of[s] or int(s)
-      add[#add + 1] = x; add[#add + 1] = x
+      if FREE_EMPTY then
+        KEPT = KEPT or {}
+        KEPT[#KEPT + 1] = s
+      else
+        local x = str_of[s] or int(s)
+        add[#add + 1] = x; add[#add + 1] = x
+      end
     end
   end
+  if KEPT and #KEPT > 1 then table.sort(KEPT, DESCENDING) end
   call_in_chunks('ZADD', K_FREE, add)
 end
 
@@ -524,7 +557,21 @@ end
 -- the mark.
 local function pop_free(n, limit)
   local popped, i
-  if BUF and POOL_WANT > 1 then
+  if FREE_EMPTY then
+    -- (nothing listed: the slots this call freed, lowest first, then the mark's)
+    local kept = KEPT
+    local k = kept and #kept or 0
+    if n == 1 and k > 0 then
+      local s = kept[k]
+      kept[k] = nil
+      return { s }, { int(s) }, 1
+    end
+    popped, i = {}, 1
+    for j = k, math.max(k - n + 1, 1), -1 do
+      popped[#popped + 1] = int(kept[j]); popped[#popped + 1] = popped[#popped]
+      kept[j] = nil
+    end
+  elseif BUF and POOL_WANT > 1 then
     if not POOL then
       POOL, POOL_I = redis.call('ZPOPMIN', K_FREE, int(POOL_WANT)), 1
     end
@@ -640,6 +687,7 @@ local function rare()
     for s in pairs(mapped) do if s > top then top = s end end
     HW = top + 1
     CFG_DIRTY = true
+    KEPT, FREE_EMPTY = nil, false -- (the slots kept are free: listed below)
     redis.call('DEL', K_FREE)
     local free = {}
     for s = 0, math.min(HW, limit) - 1 do
@@ -780,6 +828,7 @@ local function rare()
   -- there is no capacity.
   -- (strs: the slots pop_free found, the first `listed` of them listed in `free`)
   function R.short_free(strs, listed, n, limit)
+    list_kept()
     for i = 1, listed do redis.call('ZADD', K_FREE, strs[i], strs[i]) end
     R.repair(limit)
     if held_count() + n > limit then return nil end
@@ -1117,6 +1166,7 @@ local function on_semaphore(keys, offset, args)
   W = {}
   CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
   HELD = nil
+  FREE_EMPTY, KEPT = false, nil
   POOL, POOL_I, POOL_WANT = nil, 1, 0
   SERVED, READ_SERVED, LOADED_SERVED = nil, false, nil
 end

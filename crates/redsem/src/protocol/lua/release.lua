@@ -19,8 +19,9 @@ local k, d = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- to create
 if 6 + k == #ARGV and redis.call('EXISTS', K_CFG) == 0 then return 0 end
 -- (load_limit reads `own`, `exp` and `queue` before any write: see check_lost; held_count
--- reads `slots`, and counts the slots held before any is freed)
-check_zset(K_FREE)
+-- reads `slots`, and counts the slots held before any is freed; the ZCARD of `free` is its
+-- type check before any write, and when it lists nothing, the slots freed below are kept for
+-- the grants: prelude's FREE_EMPTY)
 ONLY_EXISTING = true
 local limit = load_limit()
 if not limit then -- deleted (delete.lua): nothing left, nothing re-created
@@ -28,6 +29,7 @@ if not limit then -- deleted (delete.lua): nothing left, nothing re-created
   return 0
 end
 held_count()
+if redis.call('ZCARD', K_FREE) == 0 then FREE_EMPTY = true end
 local force = ARGV[4] == '1' or ARGV[4] == '2'
 local removed, unknown = 0, false
 local waiters = {} -- the waiters removed by force, as {id, record}
