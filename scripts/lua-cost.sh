@@ -4,13 +4,18 @@
 # gets redsem's Functions library (`redsem load-library`), and is sent JOBS acquisitions and
 # releases, as `acquire` and `release` calls of BATCH requests each (what a client sends when
 # BATCH tasks acquire at once); the instructions of a run without them are subtracted.
-#   bash scripts/lua-cost.sh [BATCH] [JOBS]     (defaults 16 and 4000; needs valgrind)
+# With `queued`, each job is instead the pattern of a contended semaphore (the bench's `base`):
+# an acquire that queues (BATCH is then the limit, every slot held) and a release whose freed
+# slot grants the head of the queue (the jobs' first BATCH acquisitions, of the first holders,
+# are counted in too).
+#   bash scripts/lua-cost.sh [BATCH] [JOBS] [queued]   (defaults 16, 4000; needs valgrind)
 # Prints the server's instructions per job (one acquire + one release). docs/PROTOCOL.md,
 # "Records", quotes it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 batch="${1:-16}"
 jobs="${2:-4000}"
+mode="${3:-free}"
 command -v valgrind >/dev/null || { echo "lua-cost: needs valgrind (apt install valgrind)" >&2; exit 1; }
 cargo build --release -q -p redsem-cli --manifest-path "$root/Cargo.toml"
 redsem="${CARGO_TARGET_DIR:-$root/target}/release/redsem"
@@ -37,18 +42,32 @@ run() {
 : >"$work/none.txt"
 base="$(run "$work/none.txt")"
 lib="$(awk '{print $NF}' "$work/loaded.txt")"
-python3 - "$lib" "$batch" "$jobs" "$work/jobs.txt" <<'EOF'
+python3 - "$lib" "$batch" "$jobs" "$work/jobs.txt" "$mode" <<'EOF'
 import sys
 lib, batch, jobs, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 keys = ' '.join(f'redsem:{{cost}}:{k}' for k in 'cfg queue exp meta slots free own'.split())
 header = '64 redsem:{cost}:c: PUBLISH'
 lines = []
-for i in range(jobs // batch):
-    ids = [f'id{i}x{j}' for j in range(batch)]
-    requests = ' '.join(f'{x} 1 5000 30000 c1 "" wait 0' for x in ids)
-    lines.append(f'FCALL {lib}_acquire 7 {keys} {header} {batch} {requests}')
-    lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 ' + ' '.join(ids))
+if sys.argv[5] == 'queued':
+    # limit `batch`, all held: each job's acquire queues, and one release grants it
+    header = f'{batch} redsem:{{cost}}:c: PUBLISH'
+    held = [f'h{j}' for j in range(batch)]
+    for x in held:
+        lines.append(f'FCALL {lib}_acquire 7 {keys} {header} 1 {x} 1 5000 30000 c1 "" wait 0')
+    for i in range(jobs):
+        x = f'id{i}'
+        lines.append(f'FCALL {lib}_acquire 7 {keys} {header} 1 {x} 1 5000 30000 c1 "" wait 0')
+        lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 {held[i % batch]}')
+        held[i % batch] = x
+else:
+    for i in range(jobs // batch):
+        ids = [f'id{i}x{j}' for j in range(batch)]
+        requests = ' '.join(f'{x} 1 5000 30000 c1 "" wait 0' for x in ids)
+        lines.append(f'FCALL {lib}_acquire 7 {keys} {header} {batch} {requests}')
+        lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 ' + ' '.join(ids))
 open(out, 'w').write('\n'.join(lines) + '\n')
 EOF
 total="$(run "$work/jobs.txt")"
-echo "lua-cost: batch $batch: $(( (total - base) / (jobs / batch * batch) )) server instructions per acquire + release ($lib, $(redis-server --version | awk "{print \$3}" | sed "s/^v=//"))"
+per=$(( jobs / batch * batch ))
+if [ "$mode" = queued ]; then per="$jobs"; fi
+echo "lua-cost: $mode, batch $batch: $(( (total - base) / per )) server instructions per acquire + release ($lib, $(redis-server --version | awk "{print \$3}" | sed "s/^v=//"))"
