@@ -176,7 +176,7 @@ local function list_kept()
   KEPT = nil
   local add = {}
   for i = #kept, 1, -1 do
-    local x = string.format('%d', kept[i])
+    local x = int(kept[i])
     add[#add + 1] = x; add[#add + 1] = x
   end
   if #add > 0 then call_in_chunks('ZADD', K_FREE, add) end
@@ -550,11 +550,11 @@ local function return_slots(slots, limit, strs)
   call_in_chunks('ZADD', K_FREE, add)
 end
 
--- Takes up to n free slots, lowest first: those listed in `free` (all below the high-water
--- mark), then the unlisted ones from the mark up to the limit (raising it). Returns them
--- (numbers, ascending), the same as decimal strings, and how many of them (the first) were
--- listed. The rule that a grant takes the lowest free slots holds: every listed slot is below
--- the mark.
+-- Takes up to n free slots, lowest first: those listed in `free` (while nothing is listed,
+-- those this call KEPT; either way all below the high-water mark), then the unlisted ones from
+-- the mark up to the limit (raising it). Returns them (numbers, ascending), the same as decimal
+-- strings, and how many of them (the first) were listed or kept. The rule that a grant takes
+-- the lowest free slots holds: every listed or kept slot is below the mark.
 local function pop_free(n, limit)
   local popped, i
   if FREE_EMPTY then
@@ -568,7 +568,8 @@ local function pop_free(n, limit)
     end
     popped, i = {}, 1
     for j = k, math.max(k - n + 1, 1), -1 do
-      popped[#popped + 1] = int(kept[j]); popped[#popped + 1] = popped[#popped]
+      local x = int(kept[j])
+      popped[#popped + 1] = x; popped[#popped + 1] = x -- (as ZPOPMIN answers: member, score)
       kept[j] = nil
     end
   elseif BUF and POOL_WANT > 1 then
