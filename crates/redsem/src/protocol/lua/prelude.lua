@@ -134,9 +134,9 @@ end
 -- listed none: the slots this call frees are then KEPT (numbers, highest first) instead of
 -- listed, its grants take them (the lowest free slots: nothing below the mark is free but
 -- them) without a ZADD and a ZPOPMIN each, and finish() lists those left (list_kept). The rare
--- paths that write `free` list them first (short_free) or list every free slot anew
--- (rebuild_slots). (acquire.lua always pops: a Redis user refused ZPOPMIN fails at its first
--- grant, before it wrote anything, not in a later release.)
+-- paths of a release that write `free` list them first (short_free) or list every free slot
+-- anew (rebuild_slots). (No other script sets it: acquire.lua always pops, so a Redis user
+-- refused ZPOPMIN fails at its first grant, before it wrote anything, not in a later release.)
 local FREE_EMPTY = false
 local KEPT = nil
 -- Set by the scripts that serve the entries of an existing semaphore (renew, release,
@@ -179,7 +179,7 @@ local function list_kept()
     local x = int(kept[i])
     add[#add + 1] = x; add[#add + 1] = x
   end
-  if #add > 0 then call_in_chunks('ZADD', K_FREE, add) end
+  call_in_chunks('ZADD', K_FREE, add)
 end
 
 -- Priority classes (docs/PROTOCOL.md, "Priority classes"): a waiter's place in the queue is

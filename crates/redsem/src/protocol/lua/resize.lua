@@ -20,7 +20,6 @@ end
 -- a growth lists those between the old limit and the mark (the slots above the mark are free
 -- without being listed); a shrink unlists those above the new limit (their holders, if any,
 -- finish; their slots are then no longer held, and not listed).
-list_kept()
 if new > old then
   for s = old, math.min(HW, new) - 1 do
     if redis.call('HEXISTS', K_SLOTS, s) == 0 then redis.call('ZADD', K_FREE, s, s) end
