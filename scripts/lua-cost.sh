@@ -5,9 +5,9 @@
 # releases, as `acquire` and `release` calls of BATCH requests each (what a client sends when
 # BATCH tasks acquire at once); the instructions of a run without them are subtracted.
 # With `queued`, each job is instead the pattern of a contended semaphore (the bench's `base`):
-# an acquire that queues (BATCH is then the limit, every slot held) and a release whose freed
-# slot grants the head of the queue (the jobs' first BATCH acquisitions, of the first holders,
-# are counted in too).
+# an acquire that queues (BATCH is then the limit, every slot held, five times as many waiting)
+# and a release whose freed slot grants the head of the queue (the first acquisitions, of the
+# first holders and waiters, are counted in too).
 #   bash scripts/lua-cost.sh [BATCH] [JOBS] [queued]   (defaults 16, 4000; needs valgrind)
 # Prints the server's instructions per job (one acquire + one release). docs/PROTOCOL.md,
 # "Records", quotes it.
@@ -51,14 +51,18 @@ lines = []
 if sys.argv[5] == 'queued':
     # limit `batch`, all held: each job's acquire queues, and one release grants it
     header = f'{batch} redsem:{{cost}}:c: PUBLISH'
+    # (and, as in `base`, five times as many waiting: the oldest holder leaves, the head of
+    # the queue takes its slot)
     held = [f'h{j}' for j in range(batch)]
-    for x in held:
+    waiting = [f'w{j}' for j in range(5 * batch)]
+    for x in held + waiting:
         lines.append(f'FCALL {lib}_acquire 7 {keys} {header} 1 {x} 1 5000 30000 c1 "" wait 0')
     for i in range(jobs):
         x = f'id{i}'
         lines.append(f'FCALL {lib}_acquire 7 {keys} {header} 1 {x} 1 5000 30000 c1 "" wait 0')
-        lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 {held[i % batch]}')
-        held[i % batch] = x
+        waiting.append(x)
+        lines.append(f'FCALL {lib}_release 7 {keys} {header} 0 0 0 {held.pop(0)}')
+        held.append(waiting.pop(0))
 else:
     for i in range(jobs // batch):
         ids = [f'id{i}x{j}' for j in range(batch)]

@@ -107,6 +107,17 @@ local function num(v)
   if v then return tonumber(v) end
   return 0
 end
+-- The counters only a grant, a reap or a repair changes (GEN, GRANTS, EXPIRED, REPAIRS) are
+-- parsed when first needed (counters()): until then GEN is nil and COUNTERS holds them as
+-- load_limit read them (a generation has 16 digits: parsing it costs about what a small
+-- command does, and a call that queues or frees without granting never needs it).
+local COUNTERS = nil
+local function counters()
+  if GEN then return end
+  local c = COUNTERS
+  GEN, GRANTS, EXPIRED, REPAIRS = num(c[4]), num(c[5]), num(c[6]), num(c[7])
+  W.gen, W.grants, W.expired, W.repairs = GEN, GRANTS, EXPIRED, REPAIRS
+end
 local CFG_DIRTY = false
 -- The number of members of `queue`, kept in cfg.qlen by every write of the queue (the
 -- replies of ZADD and ZREM count what changed): a queue shorter than qlen was lost
@@ -439,6 +450,7 @@ end
 -- stored and carried as a decimal string.
 local function next_generation()
   if not NOW_US then now_ms() end
+  counters()
   GEN = math.max(GEN + 1, NOW_US)
   CFG_DIRTY = true
   return int(GEN)
@@ -474,12 +486,14 @@ local function finish()
     -- (only the counters that differ from what cfg holds: W)
     local args = {}
     if SEQ ~= W.seq then args[#args + 1] = 'seq'; args[#args + 1] = int(SEQ) end
-    if GEN ~= W.gen then args[#args + 1] = 'gen'; args[#args + 1] = int(GEN) end
-    if GRANTS ~= W.grants then args[#args + 1] = 'grants'; args[#args + 1] = int(GRANTS) end
     if QLEN ~= W.qlen then args[#args + 1] = 'qlen'; args[#args + 1] = int(QLEN) end
     if HW ~= W.hw then args[#args + 1] = 'hw'; args[#args + 1] = int(HW) end
-    if EXPIRED ~= W.expired then args[#args + 1] = 'expired'; args[#args + 1] = int(EXPIRED) end
-    if REPAIRS ~= W.repairs then args[#args + 1] = 'repairs'; args[#args + 1] = int(REPAIRS) end
+    if GEN then -- (else none of them was needed: unchanged)
+      if GEN ~= W.gen then args[#args + 1] = 'gen'; args[#args + 1] = int(GEN) end
+      if GRANTS ~= W.grants then args[#args + 1] = 'grants'; args[#args + 1] = int(GRANTS) end
+      if EXPIRED ~= W.expired then args[#args + 1] = 'expired'; args[#args + 1] = int(EXPIRED) end
+      if REPAIRS ~= W.repairs then args[#args + 1] = 'repairs'; args[#args + 1] = int(REPAIRS) end
+    end
     W = { seq = SEQ, gen = GEN, grants = GRANTS, qlen = QLEN, hw = HW, expired = EXPIRED,
       repairs = REPAIRS }
     if SERVED then -- (a grant made CFG_DIRTY)
@@ -621,6 +635,7 @@ local function rare()
   -- was lost, and repaired from what survives, never granting beyond the limit
   -- (docs/PROTOCOL.md, "Lost keys"). Each repair counts in cfg.repairs, which stats report.
   function R.count_repair()
+    counters()
     REPAIRS = REPAIRS + 1
     CFG_DIRTY = true
   end
@@ -806,6 +821,7 @@ local function rare()
       redis.call('ZREM', K_EXP, sid)
     end
     if n > 0 then
+      counters()
       EXPIRED = EXPIRED + n
       CFG_DIRTY = true
     end
@@ -977,10 +993,9 @@ local function load_limit()
       l = tonumber(cfg[1])
     end
     LIMIT = l
-    SEQ, GEN, GRANTS = num(cfg[3]), num(cfg[4]), num(cfg[5])
-    EXPIRED, REPAIRS = num(cfg[6]), num(cfg[7])
-    HW = num(cfg[9])
-    W = { seq = SEQ, gen = GEN, grants = GRANTS, expired = EXPIRED, repairs = REPAIRS, hw = HW }
+    SEQ, HW = num(cfg[3]), num(cfg[9])
+    GEN, COUNTERS = nil, cfg -- (counters())
+    W = { seq = SEQ, hw = HW }
     -- (a semaphore created before cfg.qlen and the lease set's marker existed gets them now,
     -- without counting a repair)
     local before = cfg[8] == false
@@ -1069,14 +1084,18 @@ end
 
 -- Grants the head of the queue while capacity allows (strict FIFO: a head that needs more
 -- permits than are free blocks everyone behind it). Returns the grants and rejections made.
+-- A semaphore with no permit free reads no head: every request needs one, and none asks for
+-- more than the limit (resize.lua rejects them all when the limit shrinks; one at the head
+-- after a lost configuration came back smaller is rejected by the next pump that finds a
+-- permit free).
 local function pump(now, limit)
   local out = {}
   local used = nil
-  while true do
-    if QLEN <= 0 then break end -- (nobody queued: QLEN counts the queue, see check_lost)
+  while QLEN > 0 do -- (nobody queued: QLEN counts the queue, see check_lost)
+    used = used or held_count()
+    if used >= limit then break end
     local head = redis.call('ZRANGE', K_QUEUE, '0', '0')[1]
     if not head then break end
-    used = used or held_count()
     local m = get_meta(head)
     if not m then
       queue_remove({ head })
@@ -1164,7 +1183,7 @@ local function on_semaphore(keys, offset, args)
   CH_BASE, PUB = args[2], args[3]
   CREATED = false
   SEQ, GEN, GRANTS, EXPIRED, REPAIRS = 0, 0, 0, 0, 0
-  W = {}
+  W, COUNTERS = {}, nil
   CFG_DIRTY, QLEN, HW, LIMIT, SLOTS_FREED, ONLY_EXISTING = false, 0, 0, 0, false, false
   HELD = nil
   FREE_EMPTY, KEPT = false, nil
