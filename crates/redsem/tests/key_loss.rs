@@ -571,3 +571,53 @@ async fn freeing_the_last_slot_is_not_taken_for_a_lost_slot_map() {
         }
     }
 }
+
+/// The configuration is lost while every permit is held and a request for the whole limit
+/// waits, and a replica that opens the semaphore with a smaller limit re-creates it. That
+/// waiter can never be granted: it is rejected, at the latest when a permit is free (while none
+/// is, nobody can be granted anyway, and the scripts do not read the queue to find out), not
+/// left waiting forever.
+#[tokio::test]
+async fn a_waiter_above_a_smaller_recreated_limit_is_rejected_once_a_permit_is_free() {
+    // (a lease long enough that no renewal re-creates the configuration with the old limit
+    // before the second replica opens it)
+    let lease = Duration::from_secs(60);
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "small", 3, lease).await;
+        let holder = sem.acquire_many(3).await.unwrap();
+        let waiter = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire_many(3).await.map(|p| p.num_permits()) }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sem.stats().await.unwrap().waiter_count < 1 {
+            assert!(Instant::now() < deadline, "the waiter did not queue");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.cmd(&["DEL", "redsem:{small}:cfg"]);
+        let other = common::client(&server).await;
+        let smaller = open(&other, "small", 2, lease).await;
+        holder.release().await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("rejected, not left waiting")
+            .unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(redsem::Error::TooManyPermits {
+                    requested: 3,
+                    limit: 2,
+                    ..
+                })
+            ),
+            "{}: {r:?}",
+            server.flavor()
+        );
+        // and the semaphore works at its new limit
+        let a = smaller.acquire_many(2).await.unwrap();
+        assert_eq!(smaller.stats().await.unwrap().in_use, 2);
+        a.release().await.unwrap();
+    }
+}

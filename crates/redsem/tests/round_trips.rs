@@ -99,3 +99,50 @@ async fn contended_round_trips_do_not_grow_with_the_number_of_waiters() {
         }
     }
 }
+
+/// A release that frees a full semaphore's only permit grants the head of the queue and stops
+/// there: it reads that one head (one `ZRANGE`, one `HGET` of its record besides its own),
+/// not the next one to learn that nothing is left for it, however long the queue.
+#[tokio::test]
+async fn a_granting_release_reads_one_head_whatever_the_queue() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "rt-head", 1, Duration::from_secs(30)).await;
+        let holder = sem.acquire().await.unwrap();
+        // (each waiter, once granted, holds until the test lets it go)
+        let go = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..5 {
+            let (sem, go) = (sem.clone(), go.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = sem.acquire().await.unwrap();
+                go.acquire().await.unwrap().forget();
+                p.release().await.unwrap();
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while sem.stats().await.unwrap().waiter_count < 5 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiters did not queue"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        holder.release().await.unwrap();
+        let stats = commandstats(&server);
+        println!("{}: a granting release: {stats:?}", server.flavor());
+        assert_eq!(stats.get("fcall").copied(), Some(1), "{stats:?}");
+        assert_eq!(stats.get("zrange").copied(), Some(1), "{stats:?}");
+        assert_eq!(stats.get("hget").copied(), Some(2), "{stats:?}");
+        assert_eq!(stats.get("publish").copied(), Some(1), "{stats:?}");
+        // the four others are granted in turn as each releases
+        go.add_permits(5);
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("every waiter is granted in turn")
+                .unwrap();
+        }
+    }
+}
