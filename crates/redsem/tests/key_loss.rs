@@ -544,9 +544,7 @@ async fn freeing_the_last_slot_is_not_taken_for_a_lost_slot_map() {
                 let sem = sem.clone();
                 async move { sem.acquire_many(2).await }
             });
-            while sem.stats().await.unwrap().waiter_count == 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            until_queued(&sem, 1).await;
             a.release().await.unwrap();
             assert_eq!(card(&server, &name, "free"), 1, "slot 0 is listed free");
             if reaped {
@@ -590,11 +588,7 @@ async fn a_waiter_above_a_smaller_recreated_limit_is_rejected_once_a_permit_is_f
             let sem = sem.clone();
             async move { sem.acquire_many(3).await.map(|p| p.num_permits()) }
         });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while sem.stats().await.unwrap().waiter_count < 1 {
-            assert!(Instant::now() < deadline, "the waiter did not queue");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_queued(&sem, 1).await;
         server.cmd(&["DEL", "redsem:{small}:cfg"]);
         let other = common::client(&server).await;
         let smaller = open(&other, "small", 2, lease).await;

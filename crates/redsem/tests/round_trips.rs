@@ -120,14 +120,7 @@ async fn a_granting_release_reads_one_head_whatever_the_queue() {
                 p.release().await.unwrap();
             }));
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while sem.stats().await.unwrap().waiter_count < 5 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the waiters did not queue"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_queued(&sem, 5).await;
         server.cmd(&["CONFIG", "RESETSTAT"]);
         holder.release().await.unwrap();
         let stats = commandstats(&server);

@@ -141,6 +141,19 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
     cond()
 }
 
+/// Waits until at least `n` requests are queued on `sem` (its stats say so); panics after
+/// 20 s.
+pub async fn until_queued(sem: &redsem::Semaphore, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while sem.stats().await.unwrap().waiter_count < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} requests did not queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Every Redis (and Valkey, when installed) flavour, one fresh server each.
 pub fn servers() -> Vec<Server> {
     flavors().into_iter().map(Server::start).collect()
