@@ -648,6 +648,13 @@ fn errors_are_one_line_with_a_nonzero_exit() {
             "cannot parse Redis URL",
         ),
         (
+            // a mistyped scheme: the message quotes the URL, without its password
+            vec!["list".into()],
+            "redis//u:wrong@127.0.0.1:1/",
+            125,
+            "cannot parse Redis URL",
+        ),
+        (
             vec!["stats".into(), "x".into()],
             &*bad_password,
             125,

@@ -252,15 +252,22 @@ pub fn redact_url(url: &str) -> String {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
     };
-    let base = match (base.find("://"), base.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &base[s + 3..at];
+    // The user-info: what follows the scheme's `://` up to the last `@`; in a URL whose
+    // scheme is mistyped (`redis//u:pw@h`, `redis:u:pw@h`), what follows the last `/` before
+    // that `@`, or all of it.
+    let base = match base.rfind('@') {
+        Some(at) => {
+            let start = match base.find("://") {
+                Some(s) if s < at => s + 3,
+                _ => base[..at].rfind('/').map_or(0, |i| i + 1),
+            };
+            let creds = &base[start..at];
             match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &base[..s + 3], &creds[..c], &base[at..]),
+                Some(c) => format!("{}{}:***{}", &base[..start], &creds[..c], &base[at..]),
                 None => base.to_owned(),
             }
         }
-        _ => base.to_owned(),
+        None => base.to_owned(),
     };
     match query {
         None => base,
@@ -407,5 +414,9 @@ mod tests {
         );
         // not a URL at all: shown as given
         assert_eq!(redact_url("not a url"), "not a url");
+        // a mistyped scheme still hides the password (the message quotes the URL)
+        assert_eq!(redact_url("redis//u:pw@h:1/"), "redis//u:***@h:1/");
+        assert_eq!(redact_url("redis:u:pw@h:1"), "redis:***@h:1");
+        assert_eq!(redact_url(":pw@h:1"), ":***@h:1");
     }
 }
