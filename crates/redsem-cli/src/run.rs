@@ -51,6 +51,10 @@ permits free within one lease.";
 /// their lease expires.
 const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
+/// The least time `run` gives Redis to count the holders for the message of a wait that
+/// ended without the permits, once it left the queue (see `not_granted`).
+const COUNT_WAIT: Duration = Duration::from_millis(200);
+
 /// A `--lease` longer than this is accepted with a warning: it is how long a crashed
 /// holder's permits stay blocked.
 const LONG_LEASE: Duration = Duration::from_secs(60 * 60);
@@ -164,9 +168,29 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
         sig = signals.recv() => return Ok(128 + sig as u8),
     };
 
-    let permit = match wait_for_permits(&client, &sem, &a, &mut signals).await? {
-        Ok(permit) => permit,
-        Err(code) => return Ok(code),
+    let started = Instant::now();
+    let permit = loop {
+        let permit = match wait_for_permits(&client, &sem, &a, &mut signals, started).await? {
+            Ok(permit) => permit,
+            Err(code) => return Ok(code),
+        };
+        match until_confirmed(&permit, &stop, &a, &mut signals).await {
+            Ok(()) => break permit,
+            Err(Some(sig)) => {
+                drop(permit);
+                shutdown(&client).await;
+                return Ok(128 + sig as u8);
+            }
+            // lost before the command started: nothing ran, so it queues again
+            Err(None) => {
+                say!(
+                    "redsem: the slot of semaphore {:?} was lost before the command started \
+                     (Redis did not confirm its lease in time: it stalled or was unreachable); \
+                     queueing again",
+                    a.name()
+                );
+            }
+        }
     };
     let mut child = match command(g, &a, &program, &args, &permit).spawn() {
         Ok(c) => c,
@@ -204,17 +228,62 @@ fn warn_if_long(lease: Duration) {
     }
 }
 
-/// Waits for the permits (`-v`: showing the progress). `Ok(Err(code))`: `run` ends with that
-/// exit status without running the command (a signal came, the permits were not free in time,
-/// an operator removed the request), the client shut down and the reason said.
+/// How much more than `--kill-after` of its lease a permit must have confirmed before the
+/// command starts (see [`until_confirmed`]).
+const START_SLACK: Duration = Duration::from_millis(200);
+
+/// Waits until `permit`'s lease is confirmed far enough ahead for the command to start
+/// without being stopped at once: more than `--kill-after` (+ [`START_SLACK`]) of it left.
+/// It always is, but for a grant made just after Redis stalled or was unreachable for a good
+/// part of the waiter's lease: the lease it keeps was last confirmed before the stall, and
+/// is trusted again only after renewals (the library trusts a lease from the renewal before
+/// the last: about one renewal interval). `Err(None)` when the permit is lost first (its
+/// lease could have run out): the command never ran; `Err(Some(sig))` when a signal came.
+async fn until_confirmed(
+    permit: &redsem::Permit,
+    stop: &Stopping,
+    a: &RunArgs,
+    signals: &mut Signals,
+) -> Result<(), Option<i32>> {
+    let enough = stop.kill_after + START_SLACK;
+    if permit.lease_left() > enough {
+        return Ok(());
+    }
+    if a.verbose {
+        say!(
+            "redsem: granted, but Redis confirmed its lease too long ago ({} of it is trusted, \
+             --kill-after is {}): waiting for renewals before the command starts",
+            fmt_dur(permit.lease_left()),
+            fmt_dur(stop.kill_after)
+        );
+    }
+    let lost = permit.lost();
+    tokio::pin!(lost);
+    // (the lease left only grows with a renewal the heartbeat gets: looked at often, cheap)
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = &mut lost => return Err(None),
+            sig = signals.recv() => return Err(Some(sig)),
+            _ = tick.tick() => if permit.lease_left() > enough {
+                return Ok(());
+            },
+        }
+    }
+}
+
+/// Waits for the permits (`-v`: showing the progress), within what is left of the wait
+/// limit (`--timeout`) since `started`. `Ok(Err(code))`: `run` ends with that exit status
+/// without running the command (a signal came, the permits were not free in time, an
+/// operator removed the request), the client shut down and the reason said.
 async fn wait_for_permits(
     client: &redsem::Client,
     sem: &redsem::Semaphore,
     a: &RunArgs,
     signals: &mut Signals,
+    started: Instant,
 ) -> Result<Result<redsem::Permit, u8>, Failure> {
     let name = a.name();
-    let started = Instant::now();
     if a.verbose {
         say!(
             "redsem: waiting for {} permit(s) of {name:?} (limit {})",
@@ -222,7 +291,7 @@ async fn wait_for_permits(
             sem.limit()
         );
     }
-    let acquire = sem.acquire_with(acquire_options(a));
+    let acquire = sem.acquire_with(acquire_options(a, started.elapsed()));
     let acquired = tokio::select! {
         r = acquire => r,
         () = progress(client, name, a.permits, started), if a.verbose => unreachable!(),
@@ -235,8 +304,12 @@ async fn wait_for_permits(
     let permit = match acquired {
         Ok(p) => p,
         Err(e @ (redsem::Error::Timeout { .. } | redsem::Error::NoPermits { .. })) => {
-            shutdown(client).await;
-            say!("{}", not_granted(client, a, &e, started).await);
+            let waited = started.elapsed();
+            // leaving the queue and counting the holders for the message share one bound:
+            // a stalled Redis delays the exit by about RELEASE_WAIT, not a response timeout
+            let deadline = Instant::now() + RELEASE_WAIT;
+            shutdown_by(client, deadline).await;
+            say!("{}", not_granted(client, a, &e, waited, deadline).await);
             return Ok(Err(a.conflict_exit_code));
         }
         Err(redsem::Error::RemovedFromQueue { .. }) => {
@@ -263,22 +336,32 @@ async fn wait_for_permits(
     Ok(Ok(permit))
 }
 
-/// The message of a wait that ended without the permits (`e`: a timeout, or `-n` or
-/// `--timeout 0` finding them taken), with how busy the semaphore is.
+/// The message of a wait that ended without the permits after `waited` (`e`: a timeout, or
+/// `-n` or `--timeout 0` finding them taken), with how busy the semaphore is, read before
+/// `deadline` (or within [`COUNT_WAIT`] when it has passed), or why that could not be read.
 async fn not_granted(
     client: &redsem::Client,
     a: &RunArgs,
     e: &redsem::Error,
-    started: Instant,
+    waited: Duration,
+    deadline: Instant,
 ) -> String {
     let name = a.name();
     // the counts alone: none of the entries is shown
-    let busy = match client.inspect_listing(name, 0).await {
-        Ok(s) => format!(
+    let count = client.inspect_listing(name, 0);
+    let busy = match tokio::time::timeout_at(deadline.max(Instant::now() + COUNT_WAIT), count).await
+    {
+        Ok(Ok(s)) => format!(
             "; {} of {} permits in use, {} waiting",
             s.in_use, s.limit, s.waiter_count
         ),
-        Err(_) => String::new(),
+        Ok(Err(e)) => format!(
+            "; how busy it is could not be read: {}",
+            common::describe(&e)
+        ),
+        Err(_) => "; Redis did not answer when asked how busy it is (stalled, overloaded or \
+                   unreachable: that may be why the permits were not granted)"
+            .to_owned(),
     };
     let why = match e {
         redsem::Error::NoPermits { reason, .. } if a.nonblock => {
@@ -287,7 +370,7 @@ async fn not_granted(
         redsem::Error::NoPermits { reason, .. } => {
             format!("not free right now (--timeout 0): {reason}")
         }
-        _ => format!("not granted within {}", fmt_dur(started.elapsed())),
+        _ => format!("not granted within {}", fmt_dur(waited)),
     };
     format!(
         "redsem: timeout: {} permit(s) of semaphore {name:?} {why}{busy}; the command was not run",
@@ -511,15 +594,16 @@ async fn release(permit: redsem::Permit, client: &redsem::Client, a: &RunArgs) {
     shutdown_by(client, deadline).await;
 }
 
-/// The acquisition `run` makes: `--permits`, how long to wait (`--timeout`, `-n`), and
-/// `--max-hold`.
-fn acquire_options(a: &RunArgs) -> redsem::AcquireOptions {
+/// The acquisition `run` makes, `waited` into its wait: `--permits`, how long to wait (what is
+/// left of `--timeout`; `-n`), and `--max-hold`.
+fn acquire_options(a: &RunArgs, waited: Duration) -> redsem::AcquireOptions {
     let mut opts = redsem::AcquireOptions::new()
         .permits(a.permits)
         .priority(a.priority);
     match a.wait_limit() {
         Some(t) if t.is_zero() => opts = opts.try_only(true),
-        Some(t) => opts = opts.timeout(t),
+        // (a wait that queues again once its time is up gives up at once)
+        Some(t) => opts = opts.timeout(t.saturating_sub(waited).max(Duration::from_millis(1))),
         None => {}
     }
     if let Some(max_hold) = a.max_hold {

@@ -375,6 +375,100 @@ fn timing_out_exits_124() {
     assert!(!marker.exists());
 }
 
+/// Redis stops answering (SIGSTOP) while a `run --timeout` waits: it gives up at its timeout
+/// and exits within about a second more (leaving the queue and counting the holders for its
+/// message share one bound), not after a response timeout, and its message says that Redis
+/// did not answer rather than report the semaphore as busy.
+#[test]
+fn timing_out_while_redis_is_stalled_exits_soon_and_says_why() {
+    let server = Server::start(Flavor::Redis);
+    let _holder = Background::spawn(redsem(&server).args([
+        "run", "--name", "stall", "--limit", "1", "--", "sleep", "60",
+    ]));
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "stall") == Some((1, 0))
+    });
+    let started = Instant::now();
+    let mut waiter = Background::spawn(
+        redsem(&server)
+            .args(["run", "--name", "stall", "--limit", "1", "--timeout", "3s"])
+            .args(["--", "true"])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(2), "the waiter", || {
+        counts(&server, "stall") == Some((1, 1))
+    });
+    server.pause();
+    let (rc, err) = waiter.finish(Duration::from_secs(30));
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(rc, 124, "{err}");
+    assert!(err.contains("Redis did not answer"), "{err}");
+    // the timeout (3 s), about 1 s to leave the queue and count, and generous slack; a
+    // response timeout (5 s) more before the fix
+    assert!(
+        took < Duration::from_millis(6_500),
+        "exited {took:?} after it started: {err}"
+    );
+}
+
+/// Redis stops answering (SIGSTOP) for most of the queued runs' lease: the holder, whose
+/// lease is shorter than the stall, is stopped (75), and once Redis answers again the
+/// waiters are granted with leases last confirmed before the stall. Each waits for renewals
+/// to confirm its lease before its command starts (or, lost first, queues again): every
+/// command runs, none is started only to be stopped at once.
+#[test]
+fn queued_runs_survive_a_redis_stall_shorter_than_their_lease() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ran.log");
+    let mut holder = Background::spawn(
+        redsem(&server)
+            .args(["run", "--name", "st", "--limit", "1", "--lease", "4s"])
+            .args(["--", "sleep", "60"])
+            .stderr(Stdio::piped()),
+    );
+    wait_until(Duration::from_secs(20), "the holder", || {
+        counts(&server, "st") == Some((1, 0))
+    });
+    let mut waiters: Vec<Background> = (0..2)
+        .map(|i| {
+            let w = Background::spawn(
+                redsem(&server)
+                    .args(["run", "--name", "st", "--limit", "1", "-v"])
+                    .args(["--", "sh", "-c", r#"echo "$W" >> "$LOG""#])
+                    .env("W", format!("w{i}"))
+                    .env("LOG", &log)
+                    .stderr(Stdio::piped()),
+            );
+            // queued in this order
+            wait_until(Duration::from_secs(20), "the waiter", || {
+                counts(&server, "st") == Some((1, i + 1))
+            });
+            w
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    server.pause();
+    std::thread::sleep(Duration::from_secs(7));
+    server.resume();
+
+    let (rc, err) = holder.finish(Duration::from_secs(30));
+    assert_eq!(
+        rc, 75,
+        "the holder's 4 s lease ran out during the stall: {err}"
+    );
+    for (i, w) in waiters.iter_mut().enumerate() {
+        let (rc, err) = w.finish(Duration::from_secs(60));
+        assert_eq!(rc, 0, "waiter {i}: {err}");
+        assert!(!err.contains("SIGTERM"), "waiter {i} was stopped: {err}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut ran: Vec<&str> = text.lines().collect();
+    ran.sort_unstable();
+    assert_eq!(ran, ["w0", "w1"], "{text}");
+}
+
 /// SIGTERM to `redsem run` reaches the command's process group; the slot is free as soon
 /// as redsem exits (not after the 30 s lease), so a waiter gets it at once. A signal to a
 /// waiting `redsem run` takes its ticket out of the queue.
