@@ -94,6 +94,41 @@ async fn tls_on_a_plaintext_port_and_plaintext_on_a_tls_port() {
         .unwrap();
 }
 
+/// A refusal no retry can change fails at once, as what it is, whatever the connect timeout:
+/// a wrong password is an `Auth` error (not `Unreachable`, which a caller would retry), a
+/// database number out of range a `Backend` error that says so; neither waits for retries.
+#[tokio::test]
+async fn a_refusal_fails_at_once_as_what_it_is_even_with_a_short_connect_timeout() {
+    for flavor in flavors() {
+        let server = Server::start_with(
+            flavor,
+            ServerOptions {
+                password: Some("right".into()),
+                ..Default::default()
+            },
+        );
+        let port = server.port();
+        let quick = |url: String| async move {
+            let started = std::time::Instant::now();
+            let r = Client::builder(&url)
+                .connect_timeout(Duration::from_millis(500))
+                .build()
+                .await;
+            (r, started.elapsed())
+        };
+        let (r, took) = quick(format!("redis://:wrong@127.0.0.1:{port}/")).await;
+        let err = r.unwrap_err();
+        println!("{flavor}: {err} ({took:?})");
+        assert!(matches!(err, Error::Auth(_)), "{flavor}: {err:?}");
+        assert!(!err.is_retryable(), "{flavor}: {err:?}");
+        let (r, took) = quick(format!("redis://:right@127.0.0.1:{port}/99")).await;
+        let err = r.unwrap_err();
+        println!("{flavor}: {err} ({took:?})");
+        assert!(matches!(err, Error::Backend(_)), "{flavor}: {err:?}");
+        assert!(err.to_string().contains("DB index"), "{flavor}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn a_password_protected_server_says_where_the_password_goes() {
     for flavor in flavors() {

@@ -229,12 +229,35 @@ impl Backend {
         )
     }
 
+    /// One connection attempt to a single server, without the connection manager's retries
+    /// (which retry every failure, a few times over a second): a refusal that no retry can
+    /// change (a wrong password, a database number out of range, a user not allowed to
+    /// connect: every failure but [`Code::Unavailable`](crate::codes::Code)) fails at once,
+    /// as what it is, rather than after the retries or, with a short connect timeout, as an
+    /// unreachable server. A server not reachable yet is left to the manager's retries. The
+    /// connection is dropped: the manager makes its own (one more handshake per client).
+    async fn first_attempt(&self, client: &redis::Client) -> Result<(), Error> {
+        let once = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout));
+        match client
+            .get_multiplexed_async_connection_with_config(&once)
+            .await
+        {
+            Err(e) if crate::codes::Code::of(&e) != crate::codes::Code::Unavailable => {
+                Err(Error::from_server(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Connects the command connection.
     pub(crate) async fn connect(&self, stop: &CancellationToken) -> Result<Conn, Error> {
         let map = |e: RedisError| Error::from_server(e);
         let link = match &self.topology {
             Topology::Standalone(info) => {
                 let client = client_for(info.clone(), &self.certs).map_err(map)?;
+                self.first_attempt(&client).await?;
                 Link::Standalone(
                     ConnectionManager::new_with_config(client, self.manager_config())
                         .await
