@@ -54,7 +54,7 @@ export function connect(url: string, options?: ConnectOptions): Promise<Client>;
 export interface SemaphoreOptions {
   /** Permits shared by every process that opens the semaphore (1 to 100,000). Must match the stored limit unless `limitPolicy` says otherwise. */
   limit: number;
-  /** Lease of each holder and waiter (default 10000, at least 20): a crashed holder's slot is free again within one lease. Renewed in the background. */
+  /** Lease of each holder and waiter (default 10000, at least 250: a shorter lease leaves its renewals too little room): a crashed holder's slot is free again within one lease. Renewed in the background. */
   leaseMs?: number;
   /** Renewal interval (default a third of the lease; at most a third). */
   renewEveryMs?: number;

@@ -886,6 +886,7 @@ fn constants(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_LIMIT", redsem::MAX_LIMIT)?;
     m.add("MAX_NAME_LEN", redsem::MAX_NAME_LEN)?;
     m.add("MAX_DURATION", redsem::MAX_DURATION.as_secs_f64())?;
+    m.add("MIN_LEASE", redsem::MIN_LEASE.as_secs_f64())?;
     m.add("DEFAULT_PREFIX", redsem::DEFAULT_PREFIX)?;
     m.add("STATS_LISTED", redsem::STATS_LISTED)?;
     m.add("MAX_LISTED", redsem::MAX_LISTED)?;

@@ -216,6 +216,12 @@ async def test_per_acquisition_lease_and_label(server: Server, name: str) -> Non
             await sem.acquire_with(redsem.AcquireOptions(timeout=1.0, try_only=True))
         with pytest.raises(redsem.InvalidArgument):
             await sem.acquire(lease=-1.0)
+        # the shortest lease (the engine's rule), for a handle and for one acquisition
+        assert redsem.MIN_LEASE == 0.25
+        with pytest.raises(redsem.InvalidArgument, match="MIN_LEASE"):
+            await c.semaphore(name + "-short", limit=1, lease=0.1)
+        with pytest.raises(redsem.InvalidArgument, match="MIN_LEASE"):
+            await sem.acquire(lease=0.2)
         with pytest.raises(redsem.InvalidArgument, match="control character"):
             await sem.acquire(label="two\nlines")
         # one wording for the limit's range on every path (the library's), negatives included

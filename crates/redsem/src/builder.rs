@@ -116,7 +116,8 @@ impl SemaphoreBuilder {
         self
     }
 
-    /// Lease of each holder and waiter (default 10 s). A crashed holder's slot is free again
+    /// Lease of each holder and waiter (default 10 s, at least [`MIN_LEASE`](crate::MIN_LEASE)).
+    /// A crashed holder's slot is free again
     /// at most one lease after its last renewal; a crashed waiter leaves the queue as fast.
     /// Live holders and waiters are renewed in the background, so the lease does not bound
     /// how long work may hold a permit.
@@ -166,11 +167,8 @@ impl SemaphoreBuilder {
         crate::protocol::keys::check_limit(self.limit.into())?;
         check_duration("lease", self.lease)?;
         check_duration("fallback poll interval", self.fallback_poll)?;
-        if self.lease < Duration::from_millis(20) {
-            return bad(format!(
-                "lease {:?} is shorter than the minimum of 20ms",
-                self.lease
-            ));
+        if self.lease < crate::MIN_LEASE {
+            return bad(crate::core::min_lease_message(self.lease));
         }
         let renew_every = self.renew_every.unwrap_or(self.lease / 3);
         if renew_every.is_zero() || renew_every > self.lease / 3 {

@@ -131,6 +131,7 @@ mod codes;
 mod error;
 pub mod metrics;
 
+pub use crate::core::MIN_LEASE;
 #[doc(hidden)]
 pub use admin::{ForceReleased, RejectedWaiter, Resized};
 pub use backend::redact_url;

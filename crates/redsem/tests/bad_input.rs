@@ -36,6 +36,13 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
         ),
         ("zero renewal", open("x", 1).renew_every(Duration::ZERO)),
         ("tiny lease", open("x", 1).lease(Duration::from_millis(5))),
+        (
+            // even with renewals fast enough for it
+            "lease below MIN_LEASE",
+            open("x", 1)
+                .lease(redsem::MIN_LEASE - Duration::from_millis(1))
+                .renew_every(Duration::from_millis(10)),
+        ),
         ("zero local cap", open("x", 1).local_cap(0)),
         ("long label", open("x", 1).label("l".repeat(201))),
         ("newline in label", open("x", 1).label("two\nlines")),
@@ -89,6 +96,22 @@ async fn invalid_arguments_are_rejected_before_touching_redis() {
     }
     assert_eq!(dbsize(&server), before);
     assert_eq!(entries(&server, "ok"), [0, 0, 0, 0]);
+
+    // the shortest lease is accepted, for the handle and for one acquisition, not below it
+    let short = client
+        .semaphore("short-lease", 1)
+        .lease(redsem::MIN_LEASE)
+        .open()
+        .await
+        .unwrap();
+    let p = short.acquire().await.unwrap();
+    p.release().await.unwrap();
+    let below = redsem::AcquireOptions::new().lease(redsem::MIN_LEASE - Duration::from_millis(1));
+    let r = sem.acquire_with(below).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("MIN_LEASE")),
+        "{r:?}"
+    );
 
     // the bound itself is accepted: the longest lease is one that Redis and the clocks carry
     let long = client

@@ -73,6 +73,9 @@ MAX_NAME_LEN: int = _native.MAX_NAME_LEN
 """The longest semaphore name, in bytes."""
 MAX_DURATION: float = _native.MAX_DURATION
 """The longest lease, timeout or interval accepted, in seconds."""
+MIN_LEASE: float = _native.MIN_LEASE
+"""The shortest lease accepted, in seconds (0.25): renewed every third of it, a shorter one
+leaves its renewals too little room, and its permits would be lost to an ordinary delay."""
 DEFAULT_PREFIX: str = _native.DEFAULT_PREFIX
 """The default key prefix."""
 STATS_LISTED: int = _native.STATS_LISTED
@@ -93,6 +96,7 @@ __all__ = [
     "MAX_LIMIT",
     "MAX_LISTED",
     "MAX_NAME_LEN",
+    "MIN_LEASE",
     "STATS_LISTED",
     "AcquireContext",
     "AcquireOptions",

@@ -26,6 +26,7 @@ __all__ = [
 MAX_LIMIT: int
 MAX_NAME_LEN: int
 MAX_DURATION: float
+MIN_LEASE: float
 DEFAULT_PREFIX: str
 STATS_LISTED: int
 MAX_LISTED: int

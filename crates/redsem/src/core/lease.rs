@@ -14,6 +14,15 @@ use std::time::Duration;
 
 use super::time::Instant;
 
+/// The shortest lease a semaphore handle, an acquisition or [`Permit::set_lease`] accepts:
+/// 250 ms. A lease is renewed at least three times per length, and trusted only from the
+/// renewal before the last (see [`Confirmations`]): what is left for round trips, timer and
+/// scheduling delays is about a quarter of it, of which a shorter lease keeps a few
+/// milliseconds, and its permits are then lost (`Unreachable`) to an ordinary delay.
+///
+/// [`Permit::set_lease`]: crate::Permit::set_lease
+pub const MIN_LEASE: Duration = Duration::from_millis(250);
+
 /// Safety margin taken off a lease before trusting it: a tenth, at most 1 s. The holder
 /// trusts a lease confirmed at `t` until `t + lease − margin` (`deadline_after`).
 pub fn margin(lease: Duration) -> Duration {
@@ -24,6 +33,15 @@ pub fn margin(lease: Duration) -> Duration {
 /// run out in Redis: lease − safety margin later.
 pub(crate) fn deadline_after(confirmed: Instant, lease: Duration) -> Instant {
     confirmed + lease - margin(lease)
+}
+
+/// Why `lease`, below [`MIN_LEASE`], is refused.
+pub(crate) fn min_lease_message(lease: Duration) -> String {
+    format!(
+        "lease {lease:?} is shorter than the minimum of {MIN_LEASE:?} (redsem::MIN_LEASE): a \
+         lease renewed every third of it leaves a shorter one too little time for round trips \
+         and scheduling delays, and its permits would be lost to an ordinary delay"
+    )
 }
 
 /// Timing settings of a semaphore handle (validated by the builder).
@@ -65,6 +83,9 @@ impl Timing {
     ///
     /// [`renewal_due`]: Self::renewal_due
     pub(crate) fn check_holder_lease(&self, lease: Duration) -> Result<(), String> {
+        if lease < MIN_LEASE {
+            return Err(min_lease_message(lease));
+        }
         if lease < self.renew_every * 3 {
             return Err(format!(
                 "lease {lease:?} is shorter than three renewal intervals of this semaphore handle \
@@ -445,5 +466,12 @@ mod tests {
             .check_holder_lease(Duration::from_millis(8999))
             .unwrap_err();
         assert!(e.contains("renew_every"), "{e}");
+        // nor shorter than MIN_LEASE, whatever the renewals
+        let fast = Timing::new(MIN_LEASE, Duration::from_millis(10), Duration::from_secs(1));
+        assert!(fast.check_holder_lease(MIN_LEASE).is_ok());
+        let e = fast
+            .check_holder_lease(MIN_LEASE - Duration::from_millis(1))
+            .unwrap_err();
+        assert!(e.contains("MIN_LEASE"), "{e}");
     }
 }

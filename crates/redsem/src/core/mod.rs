@@ -32,8 +32,8 @@ mod schedule;
 mod state;
 mod time;
 
-pub use lease::margin;
-pub(crate) use lease::{LeaseClock, Timing, deadline_after};
+pub(crate) use lease::{LeaseClock, Timing, deadline_after, min_lease_message};
+pub use lease::{MIN_LEASE, margin};
 pub(crate) use renewal::{Effect, RenewalCall};
 pub(crate) use schedule::Grid;
 pub(crate) use state::{HandleState, Outcome, Queued, Resolved};
