@@ -104,7 +104,7 @@ pub fn describe(e: &redsem::Error) -> String {
             "semaphore {name:?} exists with limit {stored}, not {requested}: pass --limit {stored}, or change it for everyone with `redsem limit {name} {requested}`"
         ),
         redsem::Error::WrongType { name, .. } => format!(
-            "a key of semaphore {name:?} holds a value redsem did not write (WRONGTYPE): another program uses these key names; pick another name or --prefix"
+            "a key of semaphore {name:?} holds a value redsem did not write (WRONGTYPE): another program uses these key names; pick another name or --prefix (or, if that data may go, `redsem delete {name} --force --delete-foreign-data`)"
         ),
         redsem::Error::NotASemaphore { name, detail, .. } => format!(
             "{name:?} is not a redsem semaphore: {detail}; pick another name or --prefix (or, if that data may go, `redsem delete {name} --force --delete-foreign-data`)"
@@ -207,6 +207,21 @@ pub fn parse_max_hold(s: &str) -> Result<Duration, String> {
         return Err(format!(
             "{s:?} would stop the command as soon as it starts: give a maximum hold time \
              above zero, like 10m, or leave --max-hold out to hold as long as the command runs"
+        ));
+    }
+    Ok(d)
+}
+
+/// A lease: a duration of at least [`redsem::MIN_LEASE`] (the library's rule, checked here so
+/// that a bad `--lease` is reported as every bad value is).
+pub fn parse_lease(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < redsem::MIN_LEASE {
+        return Err(format!(
+            "{s:?} is shorter than the shortest lease, {}: renewed every third of it, a \
+             shorter lease leaves too little time for round trips and delays (the default \
+             10s suits almost every use)",
+            fmt_dur(redsem::MIN_LEASE)
         ));
     }
     Ok(d)

@@ -236,7 +236,7 @@ pub struct RunArgs {
 
     /// Lease of the permits, renewed while the command runs. If redsem dies, the permits
     /// free within one lease.
-    #[arg(long, env = "REDSEM_LEASE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "REDSEM_LEASE", default_value = "10s", value_parser = common::parse_lease)]
     pub lease: Duration,
 
     /// Give up waiting after this long (exit 124, or -E). 0 means: only if free right now.
@@ -383,8 +383,8 @@ pub struct WatchArgs {
     /// limit stay queued for longer than this (both counted from when Redis queued them).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub alert_after: Duration,
-    /// Stop after this many refreshes (default: until interrupted).
-    #[arg(long, value_name = "N")]
+    /// Stop after this many refreshes, at least 1 (default: until interrupted).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
 }
 

@@ -628,21 +628,41 @@ async fn progress(client: &redsem::Client, name: &str, permits: u32, started: In
     let mut tick = tokio::time::interval_at(Instant::now() + PROGRESS_POLL, PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        let Ok(s) = client.inspect(name).await else {
-            continue;
+        // (times are the ticks': a slow answer does not push the next line a poll later)
+        let ticked = tick.tick().await;
+        let due = ticked.duration_since(shown_at) >= PROGRESS_EVERY;
+        let s = match tokio::time::timeout(PROGRESS_EVERY, client.inspect(name)).await {
+            Ok(Ok(s)) => s,
+            failed => {
+                // said too, at the same pace (counted to now: the check itself may have
+                // waited): silence would look like a long queue
+                if shown.is_some() || shown_at.elapsed() >= PROGRESS_EVERY {
+                    let why = match failed {
+                        Ok(Err(e)) => common::describe(&e),
+                        _ => format!("Redis did not answer within {}", fmt_dur(PROGRESS_EVERY)),
+                    };
+                    say!(
+                        "redsem: waiting {} for {permits} permit(s) of {name:?}: cannot read the \
+                         queue: {why}",
+                        fmt_dur(started.elapsed()),
+                    );
+                    shown = None;
+                    shown_at = Instant::now();
+                }
+                continue;
+            }
         };
         let me = s.waiters.iter().find(|w| w.id.starts_with(&mine));
         let state = (
             me.map(|w| w.position),
             s.holders.iter().map(|h| h.id.clone()).collect::<Vec<_>>(),
         );
-        if shown.as_ref() == Some(&state) && shown_at.elapsed() < PROGRESS_EVERY {
+        if shown.as_ref() == Some(&state) && !due {
             continue;
         }
         say!("{}", progress_line(&s, me, permits, started.elapsed()));
         shown = Some(state);
-        shown_at = Instant::now();
+        shown_at = ticked;
     }
 }
 

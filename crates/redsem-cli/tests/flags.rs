@@ -372,6 +372,18 @@ fn bad_values_are_refused_in_one_wording_that_names_their_source() {
             r#""-5s" is negative: a duration is 0 or more"#,
         );
     }
+    // a lease below the library's minimum is a bad value too, worded as the others
+    for lease in ["0", "100ms"] {
+        let err = refused(
+            redsem(&server).args(["run", "v", "--limit", "2", "--lease", lease, "--", "true"]),
+            "is shorter than the shortest lease, 250ms",
+        );
+        assert!(err.contains("--lease"), "{err}");
+    }
+    refused(
+        redsem(&server).args(["watch", "v", "--iterations", "0"]),
+        "--iterations <N>",
+    );
     // a bad value from the environment names the variable; a typed one does not
     let err = refused(
         redsem(&server)

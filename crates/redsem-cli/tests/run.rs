@@ -462,6 +462,11 @@ fn queued_runs_survive_a_redis_stall_shorter_than_their_lease() {
         let (rc, err) = w.finish(Duration::from_secs(60));
         assert_eq!(rc, 0, "waiter {i}: {err}");
         assert!(!err.contains("SIGTERM"), "waiter {i} was stopped: {err}");
+        // -v says that Redis does not answer (its check waits at most 5 s)
+        assert!(
+            err.contains("cannot read the queue: Redis"),
+            "waiter {i}: {err}"
+        );
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let mut ran: Vec<&str> = text.lines().collect();
