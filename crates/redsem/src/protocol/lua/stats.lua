@@ -4,7 +4,9 @@
 -- nothing (no reap, no repair, no grant): what it reports is what the next script would leave
 -- after reaping, computed without it: the entries of sessions whose lease has passed (Redis
 -- TIME) are left out, as reaping would remove them (as many as one reap takes: 64 sessions,
--- 512 entries). Nor does it create or repair anything: a lost key shows as what is left.
+-- 512 entries, found through the index `own`; and every listed entry whose session's lease
+-- has passed, even when the index was lost). Nor does it create or repair anything: a lost
+-- key shows as what is left.
 -- ARGV (after the common header): 4 (optional) how many holders and waiters to list at most
 --   (default 100), 5 (optional) the position in the queue the list of waiters starts at
 --   (default 0, the head)
@@ -55,7 +57,9 @@ end
 
 local expiry = {} -- session -> lease expiry (ms), read once each
 -- {id, record, expiry, ...} of the entries `ids` that have a record and were not left out,
--- at most `cap` of them
+-- at most `cap` of them. An entry whose session's lease has passed is left out too (and
+-- counted as the scan above counts them) when the scan did not find it: the index that
+-- scan reads (`own`) was lost, or its budget ran out; the next script repairs and reaps.
 local function entries(ids, cap)
   local arr = {}
   if #ids == 0 then return arr end
@@ -65,10 +69,23 @@ local function entries(ids, cap)
     if #arr >= 3 * cap then break end
     if raw and not dead[id] then
       local sid = raw_sess_of(raw) or sess_of(decode(raw)) -- (decode names a bad record)
-      if expiry[sid] == nil then
-        expiry[sid] = tonumber(redis.call('ZSCORE', K_EXP, sid)) or -1
+      local e = expiry[sid]
+      if e == nil then
+        e = tonumber(redis.call('ZSCORE', K_EXP, sid)) or -1
+        expiry[sid] = e
       end
-      arr[#arr + 1] = id; arr[#arr + 1] = raw; arr[#arr + 1] = expiry[sid]
+      if e >= 0 and e <= now then
+        dead[id] = true
+        local m = entry_fields(raw)
+        if m.s then
+          gone_holders = gone_holders + 1
+          gone_slots = gone_slots + #m.s
+        else
+          gone_waiters = gone_waiters + 1
+        end
+      else
+        arr[#arr + 1] = id; arr[#arr + 1] = raw; arr[#arr + 1] = e
+      end
     end
   end
   return arr
