@@ -637,6 +637,18 @@ def test_the_sync_wrapper(server: Server, name: str) -> None:
         assert c.inspect(name).limit == 2
         assert name in c.list_semaphores()
 
+    # after close: a release does nothing (close released it), other calls raise Closed
+    c = Client(server.url)
+    sem = c.semaphore(name, limit=2, lease=1.0)
+    p = sem.acquire()
+    c.close()
+    p.release()
+    p.release()
+    with pytest.raises(redsem.Closed):
+        sem.stats()
+    with pytest.raises(redsem.Closed):
+        c.ping()
+
 
 LAST_CALL_CLOSE = textwrap.dedent("""
     import asyncio, sys, redsem

@@ -62,8 +62,11 @@
 //! process per interval, whatever the number of permits held.
 //!
 //! Rules of thumb:
-//! - lease ≥ 3 × the longest pause you want to survive (GC, a slow Redis), and ≥ 4 × the
-//!   99th-percentile round trip to Redis;
+//! - lease ≥ 3 × the longest pause you want to survive (GC, a slow Redis), and ≥ 10 × the
+//!   99th-percentile round trip to Redis, delays of this process's scheduler included (with
+//!   renewals every third of the lease, trusted from the one before the last, about a
+//!   quarter of the lease is left for two round trips and their delays); never below
+//!   [`MIN_LEASE`](crate::MIN_LEASE) (250 ms), which the library refuses;
 //! - lease ≤ the longest time you accept a slot to stay blocked after a crash;
 //! - the hold itself can be any length: it is the renewals that keep it.
 //!

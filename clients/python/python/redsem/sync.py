@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from . import _client, _native
 from ._client import AcquireOptions, Fence, ForceReleased, Resized, Stats
+from .errors import Closed
 
 T = TypeVar("T")
 
@@ -46,6 +47,10 @@ class Client:
             raise
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if self._loop.is_closed():
+            # after close(): what the asyncio API says of a closed client, not the loop's error
+            coro.close()
+            raise Closed("the client was closed: open a new redsem.sync.Client")
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return fut.result(timeout)
@@ -244,6 +249,10 @@ class Permit:
         self._client._run(self._permit.set_lease(lease))
 
     def release(self) -> None:
+        """Releases the permits (idempotent; after the client's close(), which released
+        them, it does nothing)."""
+        if self._client._loop.is_closed():
+            return
         self._client._run(self._permit.release())
 
     def detach(self) -> None:
