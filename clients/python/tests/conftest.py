@@ -20,10 +20,23 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+def _free_port(bus: bool = False) -> int:
+    """A free loopback port; with `bus`, one whose cluster bus port (port + 10000) is free and
+    valid too (the kernel's ephemeral ports reach 60999: a cluster node above 55535 cannot
+    start, and a busy bus port makes it exit after its main port answered)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if not bus:
+            return port
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as b:
+            try:
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
         return port
 
 
@@ -35,7 +48,7 @@ class Server:
         if not binary:
             pytest.fail("no redis-server on PATH (run scripts/install-deps.sh)")
         for _ in range(5):
-            self.port = _free_port()
+            self.port = _free_port(bus="--cluster-enabled" in (extra or []))
             self.tls_port = _free_port()
             tls = [a.replace("{tls_port}", str(self.tls_port)) for a in extra or []]
             self.proc = subprocess.Popen(

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_LIMIT",
     "MAX_LISTED",
     "MAX_NAME_LEN",
+    "MIN_LEASE",
     "Permit",
     "STATS_LISTED",
     "Semaphore",
