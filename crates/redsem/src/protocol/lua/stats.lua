@@ -29,6 +29,16 @@ local from = tonumber(A[5] or '0')
 -- The entries a reap would remove now: those of the sessions whose lease has passed.
 local dead = {}
 local gone_holders, gone_waiters, gone_slots = 0, 0, 0
+-- Leaves out the entry `id`, whose record `m` (decoded, or entry_fields) is a dead session's.
+local function leave_out(id, m)
+  dead[id] = true
+  if m.s then
+    gone_holders = gone_holders + 1
+    gone_slots = gone_slots + #m.s
+  else
+    gone_waiters = gone_waiters + 1
+  end
+end
 local budget = 512
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_ms_s(), 'LIMIT', '0', '64')) do
   local members = redis.call('ZRANGEBYLEX', K_OWN, '[' .. sid .. '|', '[' .. sid .. '|\255',
@@ -41,15 +51,7 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_ms_s(), 'LIM
   local ms = get_metas(ids)
   for i, id in ipairs(ids) do
     local m = ms[i]
-    if m and sess_of(m) == sid then
-      dead[id] = true
-      if m.s then
-        gone_holders = gone_holders + 1
-        gone_slots = gone_slots + #m.s
-      else
-        gone_waiters = gone_waiters + 1
-      end
-    end
+    if m and sess_of(m) == sid then leave_out(id, m) end
   end
   budget = budget - #members
   if budget <= 0 then break end
@@ -75,14 +77,7 @@ local function entries(ids, cap)
         expiry[sid] = e
       end
       if e >= 0 and e <= now then
-        dead[id] = true
-        local m = entry_fields(raw)
-        if m.s then
-          gone_holders = gone_holders + 1
-          gone_slots = gone_slots + #m.s
-        else
-          gone_waiters = gone_waiters + 1
-        end
+        leave_out(id, entry_fields(raw))
       else
         arr[#arr + 1] = id; arr[#arr + 1] = raw; arr[#arr + 1] = e
       end
