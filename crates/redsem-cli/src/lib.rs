@@ -235,7 +235,7 @@ pub struct RunArgs {
     pub priority: u8,
 
     /// Lease of the permits, renewed while the command runs. If redsem dies, the permits
-    /// free within one lease.
+    /// free within one lease. At least 250ms.
     #[arg(long, env = "REDSEM_LEASE", default_value = "10s", value_parser = common::parse_lease)]
     pub lease: Duration,
 
