@@ -16,9 +16,10 @@ use super::time::Instant;
 
 /// The shortest lease a semaphore handle, an acquisition or [`Permit::set_lease`] accepts:
 /// 250 ms. A lease is renewed at least three times per length, and trusted only from the
-/// renewal before the last (see [`Confirmations`]): what is left for round trips, timer and
-/// scheduling delays is about a quarter of it, of which a shorter lease keeps a few
-/// milliseconds, and its permits are then lost (`Unreachable`) to an ordinary delay.
+/// renewal before the last (the failover rule, docs/PROTOCOL.md): what is left for round
+/// trips, timer and scheduling delays is about a quarter of it, of which a shorter lease
+/// keeps a few milliseconds, and its permits are then lost (`Unreachable`) to an ordinary
+/// delay.
 ///
 /// [`Permit::set_lease`]: crate::Permit::set_lease
 pub const MIN_LEASE: Duration = Duration::from_millis(250);
