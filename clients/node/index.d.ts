@@ -231,8 +231,8 @@ export class Semaphore {
   close(): void;
 }
 
-/** Why a permit was lost (`'maxHold'`: the acquisition's {@link AcquireOptions.maxHoldMs} was reached; `'handedOff'`: another handle adopted its hand-off token). */
-export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'handedOff' | 'maxHold' | 'unknown';
+/** Why a permit was lost (`'maxHold'`: the acquisition's {@link AcquireOptions.maxHoldMs} was reached; `'handedOff'`: another handle adopted its hand-off token; `'overwritten'`: a key of the semaphore was overwritten by another program's data, which the renewal found: the permit is given up at once). */
+export type LostReason = 'notHolder' | 'unreachable' | 'shutdown' | 'refused' | 'deleted' | 'handedOff' | 'maxHold' | 'overwritten' | 'unknown';
 
 /** What a change of the limit did ({@link Semaphore.resize}, {@link Semaphore.addPermits}, {@link Client.resizeExisting}). */
 export interface Resized {

@@ -80,6 +80,7 @@ fn lost_reason(r: redsem::LostReason) -> &'static str {
         redsem::LostReason::Deleted => "deleted",
         redsem::LostReason::HandedOff => "handedOff",
         redsem::LostReason::MaxHold => "maxHold",
+        redsem::LostReason::Overwritten => "overwritten",
         _ => "unknown",
     }
 }

@@ -130,6 +130,7 @@ fn lost_reason(r: LostReason) -> &'static str {
         LostReason::Deleted => "deleted",
         LostReason::HandedOff => "handed_off",
         LostReason::MaxHold => "max_hold",
+        LostReason::Overwritten => "overwritten",
         _ => "other",
     }
 }

@@ -41,6 +41,15 @@ pub enum LostReason {
     /// that lease ends nobody else holds the slots, but the work must stop: it ran out of
     /// the time it was given.
     MaxHold,
+    /// A key of the semaphore was overwritten while the permit was held: it now holds data
+    /// redsem cannot read as its own (a value of another type, `WRONGTYPE`; another
+    /// program's hash at the configuration key; an unreadable record), so the renewal failed
+    /// and no renewal can succeed. The semaphore's record of its holders can no longer be
+    /// trusted (an operator who deletes the foreign keys starts a fresh semaphore, whose
+    /// permits are all free), so the permit is given up at once rather than when its lease
+    /// runs out. Acquisitions fail with [`Error::WrongType`] or [`Error::NotASemaphore`]
+    /// until the foreign keys are removed (`redsem delete --force --delete-foreign-data`).
+    Overwritten,
 }
 
 /// Why a `try_acquire` found no permits ([`Error::NoPermits`]).
@@ -85,6 +94,9 @@ impl fmt::Display for LostReason {
             }
             LostReason::MaxHold => {
                 "the maximum hold time of the acquisition was reached (its renewals stopped)"
+            }
+            LostReason::Overwritten => {
+                "a key of the semaphore was overwritten by another program's data (the renewal found it)"
             }
         })
     }

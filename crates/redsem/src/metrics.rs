@@ -164,6 +164,7 @@ mod imp {
             LostReason::Deleted => "deleted",
             LostReason::HandedOff => "handed_off",
             LostReason::MaxHold => "max_hold",
+            LostReason::Overwritten => "overwritten",
         };
         counter!(LEASES_LOST_TOTAL, "semaphore" => sem.to_owned(), "reason" => reason).increment(1);
     }

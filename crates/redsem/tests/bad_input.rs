@@ -446,3 +446,68 @@ async fn no_background_task_outlives_the_client() {
     );
     assert_nothing_left(&server, "tasks").await;
 }
+
+/// A key overwritten with another program's data while a permit is held: the holder's next
+/// renewal finds it and gives the permit up at once as `Overwritten` (not `Unreachable` when
+/// its lease runs out: the semaphore's record of its holders can no longer be trusted), and
+/// a waiter of the same handle fails with the error its acquisition finds. Every key a
+/// renewal reads (all but `free`, which only a grant or a release touches: a holder whose
+/// renewals still succeed keeps its permit), and another program's hash at `cfg`.
+#[tokio::test]
+async fn a_holder_whose_key_is_overwritten_loses_its_permit_at_once() {
+    for server in servers() {
+        let client = client(&server).await;
+        let read = KEYS.iter().filter(|s| **s != "free");
+        let cases = read.map(|s| (*s, false)).chain([("cfg", true)]);
+        for (suffix, hash) in cases {
+            let name = format!("overwritten-{suffix}-{hash}");
+            let key = format!("redsem:{{{name}}}:{suffix}");
+            let case = format!("{} {key} (hash: {hash})", server.flavor());
+            // a lease far longer than the wait below: only the renewal's finding can end it
+            let sem = client
+                .semaphore(&name, 1)
+                .lease(Duration::from_secs(60))
+                .renew_every(Duration::from_millis(300))
+                .open()
+                .await
+                .unwrap();
+            let permit = sem.acquire().await.unwrap();
+            let waiter = tokio::spawn({
+                let sem = sem.clone();
+                async move { sem.acquire().await.map(drop) }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            server.cmd(&["DEL", &key]);
+            if hash {
+                server.cmd(&["HSET", &key, "owner", "billing"]);
+            } else {
+                server.cmd(&["SET", &key, "written by another program"]);
+            }
+            let started = Instant::now();
+            let reason = tokio::time::timeout(Duration::from_secs(20), permit.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{case}: still held after 20 s"));
+            assert_eq!(reason, redsem::LostReason::Overwritten, "{case}");
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "{case}: lost after {:?}",
+                started.elapsed()
+            );
+            let err = tokio::time::timeout(Duration::from_secs(20), waiter)
+                .await
+                .unwrap_or_else(|_| panic!("{case}: the waiter still waits"))
+                .unwrap()
+                .unwrap_err();
+            if hash {
+                assert!(
+                    matches!(err, Error::NotASemaphore { .. }),
+                    "{case}: {err:?}"
+                );
+            } else {
+                assert!(matches!(err, Error::WrongType { .. }), "{case}: {err:?}");
+            }
+            drop(permit);
+            client.purge_keys(&name).await.unwrap();
+        }
+    }
+}

@@ -264,7 +264,8 @@ class Permit:
     @property
     def lost_reason(self) -> str | None:
         """Why it was lost (`"not_holder"`, `"unreachable"`, `"shutdown"`, `"refused"`,
-        `"deleted"`, `"handed_off"`: another handle adopted its hand-off token, `"max_hold"`),
+        `"deleted"`, `"handed_off"`: another handle adopted its hand-off token, `"max_hold"`,
+        `"overwritten"`: a key of the semaphore was overwritten by another program's data),
         or `None` while it is not."""
         return self._native.lost_reason()
 

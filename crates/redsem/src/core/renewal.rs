@@ -147,6 +147,20 @@ impl<W, H> HandleState<W, H> {
         let refused = refused.map(|id| Effect::Resolve(id, Outcome::Refused(detail.to_owned())));
         lost.chain(refused).collect()
     }
+
+    /// The renewal found a key of the semaphore overwritten by another program's data (a
+    /// foreign type, a foreign hash, an unreadable record): no renewal can succeed, and the
+    /// semaphore's record of its holders is no longer to be trusted, so the permits are lost
+    /// now ([`LostReason::Overwritten`]) rather than when their leases run out; the waiters
+    /// ask again, and their acquisition reports what it finds.
+    pub(crate) fn on_renewal_overwritten(&mut self, now: Instant) -> Vec<Effect> {
+        self.schedule.failed(now);
+        let lost = self.holder_ids().into_iter();
+        let lost = lost.map(|id| Effect::Lose(id, LostReason::Overwritten));
+        let retry = self.waiter_ids().into_iter();
+        let retry = retry.map(|id| Effect::Resolve(id, Outcome::Lost));
+        lost.chain(retry).collect()
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +373,27 @@ mod tests {
                 "lose x Refused",
                 "resolve w1 refused no EVALSHA",
                 "resolve w2 refused no EVALSHA"
+            ]
+        );
+        assert!(st.next_wakeup().is_some_and(|t| t > t0), "retried later");
+    }
+
+    /// A renewal that finds a key overwritten by another program's data loses every holder
+    /// at once (not when the lease runs out) and sends every waiter back to ask again (its
+    /// acquisition then reports what it finds).
+    #[tokio::test(start_paused = true)]
+    async fn an_overwritten_key_loses_holders_and_requeues_waiters() {
+        let t0 = Instant::now();
+        let mut st = state(t0);
+        let mut effects = describe(&st.on_renewal_overwritten(t0));
+        effects.sort();
+        assert_eq!(
+            effects,
+            [
+                "lose h Overwritten",
+                "lose x Overwritten",
+                "resolve w1 lost",
+                "resolve w2 lost"
             ]
         );
         assert!(st.next_wakeup().is_some_and(|t| t > t0), "retried later");

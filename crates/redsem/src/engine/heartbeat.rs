@@ -38,6 +38,7 @@ use tracing::Instrument;
 use super::remote::Remote;
 use super::renewer::Renewer;
 use super::table::Table;
+use crate::codes::Code;
 use crate::core::RenewalCall;
 use crate::error::CallError;
 use crate::protocol::{self, Conn, Renewal, Session};
@@ -256,6 +257,13 @@ async fn renew_call(
             hb.table.apply(effects);
             false
         }
+        Ok(Err(CallError::Redis(e))) if overwritten(&e) => {
+            tracing::error!(semaphore = %hb.name(), error = %e,
+                "a key of the semaphore was overwritten by another program's data; its permits are lost");
+            let effects = hb.table.lock().on_renewal_overwritten(now);
+            hb.table.apply(effects);
+            false
+        }
         Ok(Err(e)) => {
             tracing::warn!(semaphore = %hb.name(), error = %e, "heartbeat failed; retrying");
             hb.table.lock().on_renewal_failed(now);
@@ -268,6 +276,13 @@ async fn renew_call(
         }
     };
     Renewed { ok, poked }
+}
+
+/// Whether a renewal's failure says that a key of the semaphore holds another program's data
+/// ([`Code`] decides): a value of another type, a foreign hash at the configuration key, or a
+/// record redsem cannot read. No renewal can succeed until an operator removes it.
+fn overwritten(e: &redis::RedisError) -> bool {
+    matches!(Code::of(e), Code::WrongType | Code::Foreign | Code::Corrupt)
 }
 
 /// A renewal's answer (with whether it counts), or `Err` when none came in time.
