@@ -48,7 +48,9 @@ pub enum LostReason {
     /// trusted (an operator who deletes the foreign keys starts a fresh semaphore, whose
     /// permits are all free), so the permit is given up at once rather than when its lease
     /// runs out. Acquisitions fail with [`Error::WrongType`] or [`Error::NotASemaphore`]
-    /// until the foreign keys are removed (`redsem delete --force --delete-foreign-data`).
+    /// until the foreign keys are removed (`redsem delete --force --delete-foreign-data`,
+    /// which removes what is left of the entry too); releasing such a permit sends nothing
+    /// (Redis would refuse it the same way) and succeeds.
     Overwritten,
 }
 
@@ -207,11 +209,14 @@ pub enum Error {
     },
 
     /// The semaphore handle was closed with [`Semaphore::close`](crate::Semaphore::close),
-    /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown).
-    #[error("semaphore {n} was closed (Semaphore::close or Client::shutdown)", n = display_name(.name))]
+    /// or its client shut down with [`Client::shutdown`](crate::Client::shutdown) (then
+    /// every call of the client fails so too: the operator calls and
+    /// [`Client::ping`](crate::Client::ping) as well). Connect a new client to go on.
+    #[error("{}", closed_message(.name))]
     #[non_exhaustive]
     Closed {
-        /// The semaphore's name.
+        /// The semaphore's name (empty for a call about no semaphore, such as
+        /// [`Client::ping`](crate::Client::ping)).
         name: String,
     },
 
@@ -431,9 +436,11 @@ impl Error {
             | Error::ProtocolMismatch { name, .. }
             | Error::Corrupt { name, .. }
             | Error::EvictingPolicy { name, .. }
-            | Error::NotReplicated { name, .. } => Some(name),
+            | Error::NotReplicated { name, .. } => Some(name.as_str()),
             _ => None,
         }
+        // (`Closed` from a call about no semaphore, e.g. `Client::ping`, has no name)
+        .filter(|name| !name.is_empty())
     }
 
     /// `err`, from a call about the semaphore `name`, as redsem's error ([`Code`] decides).
@@ -550,6 +557,18 @@ impl std::error::Error for BackendError {}
 
 /// Longest part of a name that messages show ([`display_name`]), in characters.
 const SHOWN_NAME_CHARS: usize = 60;
+
+/// [`Error::Closed`]'s message.
+fn closed_message(name: &str) -> String {
+    if name.is_empty() {
+        "the client was shut down (Client::shutdown): connect a new one".to_owned()
+    } else {
+        format!(
+            "semaphore {} was closed (Semaphore::close or Client::shutdown)",
+            display_name(name)
+        )
+    }
+}
 
 /// A semaphore name as messages show it: quoted and escaped as by `{:?}`, cut after 60
 /// characters with `…` (names may be 200 bytes long; a message names the semaphore, it

@@ -246,8 +246,8 @@ impl Held {
     /// is going either way.
     pub(crate) async fn release(mut self) -> Result<(), Error> {
         self.handle.table.forget_holder(&self.id);
-        if self.handed_off() {
-            self.released = true; // another handle's now: not released
+        if self.not_ours_to_release() {
+            self.released = true; // another handle's now, or another program's: not released
             return Ok(());
         }
         let Some(result) = self.handle.releases.release(self.id.clone()).await else {
@@ -298,18 +298,23 @@ impl Held {
         }
     }
 
-    /// Lost because another handle adopted the entry: it is that handle's now, and must not
-    /// be released or detached from here.
-    fn handed_off(&self) -> bool {
-        self.signal.lost_reason() == Some(LostReason::HandedOff)
+    /// Lost in a way that leaves nothing to release or detach from here: another handle
+    /// adopted the entry (it is that handle's now), or its keys were overwritten by another
+    /// program's data (a release would be refused with the same error; removing that data,
+    /// `purge_keys`, removes the entry with it).
+    fn not_ours_to_release(&self) -> bool {
+        matches!(
+            self.signal.lost_reason(),
+            Some(LostReason::HandedOff | LostReason::Overwritten)
+        )
     }
 
     /// Stops renewing and does not release: the entry leaves the handle's session (in the
     /// background: one call, batched with releases) for one nobody renews, and expires with
     /// the lease it has then.
     pub(crate) fn detach(mut self) {
-        if self.handed_off() {
-            return; // another handle's now
+        if self.not_ours_to_release() {
+            return; // another handle's now, or another program's
         }
         tracing::debug!(semaphore = %self.name(), holder = %self.id,
             ticket = self.grant.ticket, "detached: the slot frees when its lease expires");
@@ -321,7 +326,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if !self.released && !self.handed_off() {
+        if !self.released && !self.not_ours_to_release() {
             tracing::debug!(semaphore = %self.handle.name(), holder = %self.id,
                 ticket = self.grant.ticket, slots = ?self.grant.slots, "released (in the background)");
             self.handle.table.forget_holder(&self.id);

@@ -184,9 +184,11 @@ impl Table {
 
     /// Declares the holder `id` lost for `reason` and removes whatever is left of its entry
     /// in Redis (in the background; not an entry another handle adopted, which is that
-    /// handle's now).
+    /// handle's now, nor one in keys another program's data overwrote, whose release would
+    /// be refused).
     pub(crate) fn lose(&self, id: &str, reason: LostReason) {
-        if self.declare_lost(id, reason) && reason != LostReason::HandedOff {
+        let ours = !matches!(reason, LostReason::HandedOff | LostReason::Overwritten);
+        if self.declare_lost(id, reason) && ours {
             self.release_in_background(id.to_owned());
         }
     }
