@@ -102,7 +102,8 @@ export class Client {
   /**
    * Shuts down gracefully; call it before exiting. Closes every handle (pending acquires fail
    * with {@link ClosedError}), gives up held permits (lost, reason `"shutdown"`), waits for every
-   * release, then stops the background tasks. Idempotent.
+   * release, then stops the background tasks. Idempotent. From then on every call of the client
+   * (`ping`, `inspect`, the other operator calls) rejects with {@link ClosedError} and sends nothing.
    */
   close(): Promise<void>;
   /** Waits until every release handed to the background (dropped permits, cancelled acquires) is done. */

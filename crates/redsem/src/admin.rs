@@ -6,7 +6,8 @@
 //! ever creates a semaphore: each runs the same script as its [`Semaphore`] counterpart,
 //! behind a guard that returns nothing when the semaphore's configuration key does not exist
 //! (checked atomically, inside the script), which is reported as
-//! [`Error::UnknownSemaphore`].
+//! [`Error::UnknownSemaphore`]. After [`Client::shutdown`] each fails with
+//! [`Error::Closed`] and sends nothing.
 //!
 //! [`Semaphore`]: crate::Semaphore
 
@@ -33,7 +34,7 @@ impl Client {
         let prefix = &self.inner.prefix;
         let pattern = format!("{}:{{*}}:cfg", glob_escape(prefix));
         let head = format!("{prefix}:{{");
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for("")?;
         let mut names = BTreeSet::new();
         // on a cluster, every master is scanned
         let keys = conn
@@ -66,7 +67,7 @@ impl Client {
     /// when the server has no Functions (Redis before 7.0) or refuses the library;
     /// connection errors.
     pub async fn load_library(&self) -> Result<String, Error> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for("")?;
         protocol::install_library(&mut conn)
             .await
             .map_err(|e| Error::from_call(e, "(the Functions library)"))
@@ -100,7 +101,7 @@ impl Client {
     pub async fn inspect_listing(&self, name: &str, listed: usize) -> Result<Stats, Error> {
         crate::stats::check_listed(listed)?;
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for(name)?;
         let publish = self.inner.publish;
         let reply = protocol::stats_existing(&mut conn, &keys, publish, listed).await;
         Ok(Stats::from_reply(name, self.existing(&keys, reply)?))
@@ -118,7 +119,7 @@ impl Client {
     pub async fn resize_existing(&self, name: &str, new_limit: u32) -> Result<Resized, Error> {
         crate::protocol::keys::check_limit(new_limit.into())?;
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for(name)?;
         let publish = self.inner.publish;
         let reply = protocol::resize_existing(&mut conn, &keys, publish, new_limit).await;
         Ok(Resized::from_reply(self.existing(&keys, reply)?, new_limit))
@@ -140,7 +141,7 @@ impl Client {
     /// [`inspect`](Self::inspect).
     pub async fn add_permits_existing(&self, name: &str, delta: i64) -> Result<Resized, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for(name)?;
         let publish = self.inner.publish;
         let reply =
             protocol::add_to_limit_existing(&mut conn, &keys, publish, delta, MAX_LIMIT).await;
@@ -164,7 +165,7 @@ impl Client {
         holder_id: &str,
     ) -> Result<ForceReleased, Error> {
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for(name)?;
         let publish = self.inner.publish;
         let reply = protocol::force_release_existing(&mut conn, &keys, publish, holder_id).await;
         Ok(ForceReleased::from_counts(self.existing(&keys, reply)?))
@@ -228,7 +229,7 @@ impl Client {
     async fn delete_with(&self, name: &str, mode: protocol::DeleteMode) -> Result<u32, Error> {
         let force = !matches!(mode, protocol::DeleteMode::IfUnused);
         let keys = Keys::new(&self.inner.prefix, name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for(name)?;
         let publish = self.inner.publish;
         let reply = protocol::delete_existing(&mut conn, &keys, publish, mode).await;
         let d = self.existing(&keys, reply)?;

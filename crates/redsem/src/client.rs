@@ -88,9 +88,10 @@ impl Client {
     /// master).
     ///
     /// # Errors
-    /// [`Error::Unreachable`] when Redis does not answer in time.
+    /// [`Error::Unreachable`] when Redis does not answer in time; [`Error::Closed`] after
+    /// [`shutdown`](Self::shutdown).
     pub async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.inner.conn_for("")?;
         redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
@@ -110,7 +111,11 @@ impl Client {
     ///    permits dropped earlier — so that a process that exits right after does not leave
     ///    slots or tickets behind until their leases expire;
     /// 4. it unsubscribes and stops the background tasks (releases, notifications, Sentinel
-    ///    following; each handle's heartbeat and batching task).
+    ///    following; each handle's heartbeat and batching task), which closes the
+    ///    notification connection; the command connection closes when the last clone of
+    ///    the client and of its handles is dropped. From then on, every call of the client
+    ///    ([`ping`](Self::ping), the operator calls such as [`inspect`](Self::inspect))
+    ///    fails with [`Error::Closed`] without sending anything.
     ///
     /// Returning from `main` without it drops the releases still queued: a quick rerun then
     /// waits up to one lease for the slots of the first run. An acquisition whose script

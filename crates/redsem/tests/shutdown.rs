@@ -123,3 +123,71 @@ async fn shutdown_affects_only_its_own_client() {
     b.shutdown().await;
     assert_eq!(entries(&server, "shut-one"), [0, 0, 0, 0]);
 }
+
+/// After `shutdown`, every call of the client fails with `Closed` and sends nothing (the
+/// operator calls too, which worked before: a program that closed its client must not go on
+/// resizing or deleting through it); another client is unaffected.
+#[tokio::test]
+async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing() {
+    for server in servers() {
+        let other = client(&server).await;
+        let sem = open(&other, "kept", 3, Duration::from_secs(60)).await;
+        let held = sem.acquire().await.unwrap();
+        let client = client(&server).await;
+        client.shutdown().await;
+        // the commands those calls would send (the other client's renewal is 20 s away)
+        let sent = [
+            "ping", "scan", "function", "fcall", "evalsha", "eval", "script",
+        ];
+        let calls = || match server.cmd(&["INFO", "commandstats"]) {
+            Reply::Status(s) | Reply::Bulk(s) => s
+                .lines()
+                .filter(|l| {
+                    let cmd = l.strip_prefix("cmdstat_").and_then(|l| l.split(':').next());
+                    cmd.is_some_and(|c| sent.iter().any(|s| c.split('|').next() == Some(s)))
+                        || l.starts_with("cmdstat_fcall_ro:")
+                        || l.starts_with("cmdstat_evalsha_ro:")
+                })
+                .filter_map(|l| l.split("calls=").nth(1))
+                .map(|c| c.split(',').next().unwrap().parse::<u64>().unwrap())
+                .sum::<u64>(),
+            other => panic!("INFO answered {other:?}"),
+        };
+        let before = calls();
+        let closed = |what: &str, r: Result<(), Error>, name: &str| match r {
+            Err(e @ Error::Closed { .. }) => {
+                assert_eq!(e.semaphore(), (!name.is_empty()).then_some(name), "{what}");
+                if name.is_empty() {
+                    assert!(
+                        e.to_string().contains("client was shut down"),
+                        "{what}: {e}"
+                    );
+                }
+            }
+            other => panic!("{} {what}: {other:?}", server.flavor()),
+        };
+        closed("ping", client.ping().await, "");
+        closed("list", client.list_semaphores().await.map(drop), "");
+        closed("load", client.load_library().await.map(drop), "");
+        closed("inspect", client.inspect("kept").await.map(drop), "kept");
+        let r = client.resize_existing("kept", 1).await.map(drop);
+        closed("resize", r, "kept");
+        let r = client.add_permits_existing("kept", -1).await.map(drop);
+        closed("add", r, "kept");
+        let r = client
+            .force_release_existing("kept", held.holder_id())
+            .await;
+        closed("release", r.map(drop), "kept");
+        closed(
+            "delete",
+            client.delete_semaphore("kept", true).await.map(drop),
+            "kept",
+        );
+        closed("purge", client.purge_keys("kept").await.map(drop), "kept");
+        assert_eq!(calls(), before, "{}: commands were sent", server.flavor());
+        assert!(!held.is_lost());
+        assert_eq!(other.inspect("kept").await.unwrap().limit, 3);
+        drop(held);
+        other.shutdown().await;
+    }
+}

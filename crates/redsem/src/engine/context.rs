@@ -131,6 +131,16 @@ impl Context {
         Ok(())
     }
 
+    /// The command connection, for an operator call about the semaphore `name` (`""`: about
+    /// none): `Err(Closed)` once the client is shut down, so that nothing is sent for a
+    /// client its program closed.
+    pub(crate) fn conn_for(&self, name: &str) -> Result<Conn, Error> {
+        if self.shut.is_cancelled() {
+            return Err(Error::closed(name));
+        }
+        Ok(self.conn.clone())
+    }
+
     /// Whether [`shutdown`](Self::shutdown) was called.
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut.is_cancelled()
