@@ -310,9 +310,15 @@ class Permit {
     if (!this.#controller) {
       const controller = new AbortController();
       this.#controller = controller;
-      this.#lost().then((e) => {
-        if (e) controller.abort(e);
-      });
+      // already lost: aborted before it is returned (not one tick later)
+      const now = this.#native.lostError();
+      if (now) {
+        controller.abort(fromNative({ message: now }));
+      } else {
+        this.#lost().then((e) => {
+          if (e) controller.abort(e);
+        });
+      }
     }
     return this.#controller.signal;
   }

@@ -815,7 +815,21 @@ impl Permit {
             _ = token.cancelled() => self.with(|p| p.lost_reason())?,
             _ = done.cancelled() => return None,
         }?;
-        // the crate's own message of Error::LeaseLost (which it builds only inside)
+        Some(self.lost_message(reason))
+    }
+
+    /// The error `watchLost` resolves with, now: `null` while the permit is not lost (or
+    /// once it is released or detached). Lets `permit.signal` be aborted at once when it is
+    /// first read after the loss.
+    #[napi]
+    pub fn lost_error(&self) -> Option<String> {
+        let reason = self.with(|p| p.lost_reason())??;
+        Some(self.lost_message(reason))
+    }
+
+    /// The tagged message of the `LeaseLostError` for `reason`: the crate's own message of
+    /// Error::LeaseLost (which it builds only inside).
+    fn lost_message(&self, reason: redsem::LostReason) -> String {
         let js = JsError::new(
             "ERR_REDSEM_LEASE_LOST",
             format!(
@@ -825,7 +839,7 @@ impl Permit {
         )
         .str("reason", lost_reason(reason))
         .str("semaphore", self.semaphore.clone());
-        Some(js.into_napi().reason)
+        js.into_napi().reason
     }
 
     #[napi]

@@ -505,6 +505,22 @@ for (const { flavor, binary, skip } of flavors()) {
       assert.deepEqual([s.holders.length, s.waiters.length, s.inUse], [0, 0, 0]);
     });
 
+    test('a key overwritten by another program: the permit is lost at once (overwritten), its signal aborted when first read', async () => {
+      const sem = await client.semaphore('overwritten', { limit: 1, leaseMs: 60_000, renewEveryMs: 300 });
+      const p = await sem.acquire();
+      await server.cmd('DEL', 'redsem:{overwritten}:queue');
+      await server.cmd('SET', 'redsem:{overwritten}:queue', 'written by another program');
+      assert.ok(await eventually(() => p.isLost, 15_000), 'lost before its lease ran out');
+      assert.equal(p.lostReason, 'overwritten');
+      // read for the first time after the loss: already aborted, with the reason
+      const { signal } = p;
+      assert.equal(signal.aborted, true);
+      assert.ok(signal.reason instanceof redsem.LeaseLostError);
+      assert.equal(signal.reason.reason, 'overwritten');
+      await p.release();
+      await client.purgeKeys('overwritten');
+    });
+
     test('close() gives up held permits (lost: shutdown) and refuses later calls', async () => {
       const own = await redsem.connect(server.url);
       const sem = await own.semaphore('shutdown', { limit: 1 });
@@ -518,6 +534,11 @@ for (const { flavor, binary, skip } of flavors()) {
       assert.ok(await eventually(() => signal.aborted));
       assert.equal(signal.reason.reason, 'shutdown');
       await assert.rejects(own.semaphore('shutdown2', { limit: 1 }), redsem.ClosedError);
+      // and every other call of the closed client
+      await assert.rejects(own.ping(), redsem.ClosedError);
+      await assert.rejects(own.inspect('shutdown'), redsem.ClosedError);
+      await assert.rejects(own.resizeExisting('shutdown', 2), redsem.ClosedError);
+      await assert.rejects(own.deleteSemaphore('shutdown', { force: true }), redsem.ClosedError);
       // everything was released before close() returned
       const s = await client.inspect('shutdown');
       assert.deepEqual([s.holders.length, s.waiters.length], [0, 0]);
