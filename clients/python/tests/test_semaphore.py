@@ -504,6 +504,62 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(server: Server)
         await redsem.connect(server.url, prefix="")
 
 
+async def test_a_wrong_number_names_its_argument_and_sends_nothing(server: Server, name: str) -> None:
+    """A bool is not a number of permits, a float or a str not a whole number, and a value
+    too large for any limit is out of range: each error names the argument (it used to be a
+    bare `OverflowError` or `TypeError`, and `limit=True` opened a semaphore of 1)."""
+    async with await redsem.connect(server.url) as c:
+        opened: list[tuple[str, dict[str, Any], type[Exception]]] = [
+            ("limit", {"limit": True}, TypeError),
+            ("limit", {"limit": 1.5}, TypeError),
+            ("limit", {"limit": "3"}, TypeError),
+            ("limit", {"limit": 2**70}, redsem.InvalidArgument),
+            ("local_cap", {"limit": 2, "local_cap": -1}, redsem.InvalidArgument),
+            ("local_cap", {"limit": 2, "local_cap": 2**40}, redsem.InvalidArgument),
+            ("lease", {"limit": 2, "lease": "3"}, TypeError),
+            ("lease", {"limit": 2, "lease": True}, TypeError),
+            ("renew_every", {"limit": 2, "renew_every": False}, TypeError),
+        ]
+        for arg, kwargs, kind in opened:
+            with pytest.raises(kind) as err:
+                await c.semaphore(name, **kwargs)
+            assert arg in str(err.value), (kwargs, err.value)
+        assert server.command("EXISTS", f"redsem:{{{name}}}:cfg") == 0
+        sem = await c.semaphore(name, limit=2)
+        acquired: list[tuple[str, dict[str, Any], type[Exception]]] = [
+            ("permits", {"permits": True}, TypeError),
+            ("permits", {"permits": -1}, redsem.InvalidArgument),
+            ("permits", {"permits": 2**40}, redsem.InvalidArgument),
+            ("priority", {"priority": True}, TypeError),
+            ("priority", {"priority": 2**70}, redsem.InvalidArgument),
+            ("timeout", {"timeout": "1"}, TypeError),
+            ("max_hold", {"max_hold": True}, TypeError),
+        ]
+        for arg, kwargs, kind in acquired:
+            with pytest.raises(kind) as err:
+                await sem.acquire(**kwargs)
+            assert arg in str(err.value), (kwargs, err.value)
+        for call, arg in [
+            (lambda: sem.stats(True), "listed"),
+            (lambda: c.inspect(name, 2**70), "listed"),
+            (lambda: sem.resize(True), "new_limit"),
+            (lambda: c.resize_existing(name, 2.0), "new_limit"),  # type: ignore[arg-type]
+            (lambda: sem.add_permits(2**70), "delta"),
+            (lambda: c.add_permits_existing(name, "1"), "delta"),  # type: ignore[arg-type]
+        ]:
+            with pytest.raises((TypeError, redsem.InvalidArgument)) as err:
+                await call()  # type: ignore[no-untyped-call]
+            assert arg in str(err.value), err.value
+        st = await sem.stats()
+        assert (st.limit, st.in_use, st.grants_total) == (2, 0, 0)
+        # an int subclass with __index__ (numpy's integers) is a whole number
+        class Two(int):
+            pass
+
+        async with sem.acquire(permits=Two(2)) as p:
+            assert p.permits == 2
+
+
 async def test_an_unreachable_server_is_a_retryable_error(name: str) -> None:
     with socket_closed_port() as url:
         with pytest.raises(redsem.Unreachable) as err:
@@ -547,9 +603,28 @@ async def test_closing_a_handle_or_the_client_ends_its_acquisitions(server: Serv
         await waiting
     assert err.value.semaphore == name
     assert p.lost_reason == "shutdown" and c.is_closed()
+    # every later call of the closed client raises Closed (and sends nothing)
+    for call in [c.ping, lambda: c.inspect(name), lambda: c.resize_existing(name, 3), c.list_semaphores]:
+        with pytest.raises(redsem.Closed):
+            await call()
     async with await redsem.connect(server.url) as other:
         st = await other.inspect(name)
         assert (st.in_use, st.waiters) == (0, [])
+
+
+async def test_a_key_overwritten_by_another_program_loses_the_permit_at_once(server: Server, name: str) -> None:
+    async with await redsem.connect(server.url) as c:
+        sem = await c.semaphore(name, limit=1, lease=60.0, renew_every=0.3)
+        p = await sem.acquire()
+        server.command("DEL", f"redsem:{{{name}}}:queue")
+        server.command("SET", f"redsem:{{{name}}}:queue", "written by another program")
+        # far before its lease (60 s) could have run out
+        assert await asyncio.wait_for(p.wait_lost(), 20) == "overwritten"
+        assert p.lost_reason == "overwritten" and p.lost.is_set()
+        with pytest.raises(redsem.WrongType):
+            await sem.acquire()
+        await p.release()
+        await c.purge_keys(name)
 
 
 async def test_a_fenced_store_refuses_a_stale_holder(server: Server, name: str) -> None:

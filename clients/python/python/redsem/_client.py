@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 from . import _native
 from .errors import InvalidArgument
@@ -22,6 +23,40 @@ from .errors import InvalidArgument
 T = TypeVar("T")
 
 DEFAULT_URL = "redis://127.0.0.1:6379/"
+
+_I64 = 2**63
+_U32 = 2**32
+
+
+def _whole(name: str, value: object, *, lo: int = -_I64, hi: int = _I64 - 1) -> int:
+    """The int argument `name` as the native call takes it: a bool, float, str or other
+    non-integer is a `TypeError` naming the argument (`True` is not 1 permit), a value the
+    native parameter cannot hold (outside `lo..hi`) an `InvalidArgument` naming it. The
+    library checks what the value means (a limit of 0, 2 permits of a limit of 1)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if not lo <= n <= hi:
+        raise InvalidArgument(f"invalid argument: {name} {n} is out of range ({lo}..{hi})")
+    return n
+
+
+@overload
+def _seconds(name: str, value: object, *, default: Literal[False]) -> float: ...
+@overload
+def _seconds(name: str, value: object) -> float | None: ...
+def _seconds(name: str, value: object, *, default: bool = True) -> float | None:
+    """The duration argument `name` in seconds (an int or a float; `None` for the default,
+    where it has one): a bool, str or other type is a `TypeError` naming the argument. The
+    library checks the range (negative, NaN, too long: `InvalidArgument`)."""
+    if value is None and default:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds (int or float), not {type(value).__name__}")
+    return float(value)
 
 
 def default_url() -> str:
@@ -290,7 +325,7 @@ class Permit:
 
     async def set_lease(self, lease: float) -> None:
         """Changes the length of its lease (one script call; `LeaseLost` if already lost)."""
-        await self._native.set_lease(lease)
+        await self._native.set_lease(_seconds("lease", lease, default=False))
 
     async def wait_lost(self) -> str:
         """Waits until the permit is lost and returns why (never returns if it is not)."""
@@ -509,16 +544,21 @@ class Semaphore:
     def acquire_with(self, options: AcquireOptions, *, cancel_on_loss: bool = True) -> AcquireContext:
         """`acquire` with every per-acquisition option (`redsem::Semaphore::acquire_with`)."""
         sem = self._native
+        permits = _whole("permits", options.permits, lo=0, hi=_U32 - 1)
+        priority = _whole("priority", options.priority)
+        lease = _seconds("lease", options.lease)
+        timeout = _seconds("timeout", options.timeout)
+        max_hold = _seconds("max_hold", options.max_hold)
 
         def start() -> Awaitable[_native.Permit]:
             return sem.acquire(
-                permits=options.permits,
-                lease=options.lease,
+                permits=permits,
+                lease=lease,
                 label=options.label,
-                timeout=options.timeout,
+                timeout=timeout,
                 try_only=options.try_only,
-                priority=options.priority,
-                max_hold=options.max_hold,
+                priority=priority,
+                max_hold=max_hold,
             )
 
         return AcquireContext(start, cancel_on_loss)
@@ -533,19 +573,19 @@ class Semaphore:
         and waiter, and at most `listed` of each (0: the counts alone; 1: the head of the
         queue, what `oldest_wait` needs; at most `MAX_LISTED`, 1000). Its Redis time grows with the entries
         listed, never with the queue."""
-        return Stats._from_json(await self._native.stats(listed))
+        return Stats._from_json(await self._native.stats(_whole("listed", listed)))
 
     async def resize(self, new_limit: int) -> Resized:
         """Changes the limit for every process; returns the previous and new limit and the
         queued requests a shrink rejected (larger than the new limit). Growing grants
         waiters at once; shrinking lets holders finish (no new grants until under the limit)."""
-        return Resized._from_native(await self._native.resize(new_limit))
+        return Resized._from_native(await self._native.resize(_whole("new_limit", new_limit)))
 
     async def add_permits(self, delta: int) -> Resized:
         """Adds `delta` (may be negative) to the limit atomically (concurrent changes all
         count); returns what `resize` returns. `InvalidArgument`, and no change, when the
         limit would leave 1..MAX_LIMIT."""
-        return Resized._from_native(await self._native.add_permits(delta))
+        return Resized._from_native(await self._native.add_permits(_whole("delta", delta)))
 
     async def force_release(self, holder_id: str) -> bool:
         """An operator's release of `holder_id`: its slots go to the queue, their fences
@@ -712,13 +752,17 @@ class Client:
         `limit` if absent, else use the stored one: for rolling deploys), "resize" (create,
         or set the stored limit to `limit` for everyone). See the Rust crate's
         `LimitPolicy`."""
+        limit = _whole("limit", limit)
+        cap = None if local_cap is None else _whole("local_cap", local_cap, lo=0, hi=_U32 - 1)
+        lease, renew_every = _seconds("lease", lease), _seconds("renew_every", renew_every)
+        fallback_poll = _seconds("fallback_poll", fallback_poll)
         native = await (await self._get()).semaphore(
             name,
             limit,
             lease=lease,
             renew_every=renew_every,
             fallback_poll=fallback_poll,
-            local_cap=local_cap,
+            local_cap=cap,
             label=label if label is not None else self._label,
             allow_evicting_policy=allow_evicting_policy,
             limit_policy=limit_policy,
@@ -743,12 +787,12 @@ class Client:
     async def inspect(self, name: str, listed: int = _native.STATS_LISTED) -> Stats:
         """`Stats` of an existing semaphore, never creating it (`UnknownSemaphore`), listing
         at most `listed` holders and waiters (as `Semaphore.stats`)."""
-        return Stats._from_json(await (await self._get()).inspect(name, listed))
+        return Stats._from_json(await (await self._get()).inspect(name, _whole("listed", listed)))
 
     async def resize_existing(self, name: str, new_limit: int) -> Resized:
         """`Semaphore.resize` of an existing semaphore (`UnknownSemaphore`, never creating
         it)."""
-        return Resized._from_native(await (await self._get()).resize_existing(name, new_limit))
+        return Resized._from_native(await (await self._get()).resize_existing(name, _whole("new_limit", new_limit)))
 
     async def force_release(self, name: str, holder_id: str) -> ForceReleased | None:
         """`Semaphore.force_release` on an existing semaphore, without opening a handle:
@@ -764,7 +808,7 @@ class Client:
     async def add_permits_existing(self, name: str, delta: int) -> Resized:
         """`Semaphore.add_permits` of an existing semaphore (`UnknownSemaphore`, never
         creating it): an atomic relative change, whatever the current limit."""
-        return Resized._from_native(await (await self._get()).add_permits_existing(name, delta))
+        return Resized._from_native(await (await self._get()).add_permits_existing(name, _whole("delta", delta)))
 
     async def delete_semaphore(self, name: str, *, force: bool = False) -> int:
         """Deletes the semaphore's keys; returns how many entries were evicted. Without
