@@ -836,7 +836,9 @@ class Client:
     async def close(self) -> None:
         """Shuts down (`redsem::Client::shutdown`): every handle is closed (pending acquires
         fail with `Closed`), held permits are declared lost (`"shutdown"`) and released, and
-        every release is waited for. Idempotent. Call it before the process exits."""
+        every release is waited for; later calls of the client (`ping`, `inspect`, the other
+        operator calls) raise `Closed` and send nothing. Idempotent. Call it before the
+        process exits."""
         if self._native is not None:
             await self._native.shutdown()
 
