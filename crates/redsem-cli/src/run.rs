@@ -305,11 +305,15 @@ async fn wait_for_permits(
         Ok(p) => p,
         Err(e @ (redsem::Error::Timeout { .. } | redsem::Error::NoPermits { .. })) => {
             let waited = started.elapsed();
-            // leaving the queue and counting the holders for the message share one bound:
-            // a stalled Redis delays the exit by about RELEASE_WAIT, not a response timeout
+            // leaving the queue (done in the background: waited for, so that the count
+            // leaves this request out) and counting the holders for the message share one
+            // bound: a stalled Redis delays the exit by about RELEASE_WAIT, not a response
+            // timeout; then the client is shut down (nothing is left for it to release)
             let deadline = Instant::now() + RELEASE_WAIT;
-            shutdown_by(client, deadline).await;
-            say!("{}", not_granted(client, a, &e, waited, deadline).await);
+            let _ = tokio::time::timeout_at(deadline, client.flush_releases()).await;
+            let message = not_granted(client, a, &e, waited, deadline).await;
+            shutdown_by(client, Instant::now() + COUNT_WAIT).await;
+            say!("{message}");
             return Ok(Err(a.conflict_exit_code));
         }
         Err(redsem::Error::RemovedFromQueue { .. }) => {

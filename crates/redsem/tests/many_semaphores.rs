@@ -111,8 +111,9 @@ async fn the_renewals_of_200_semaphores_share_a_few_calls_per_interval() {
 }
 
 /// Among semaphores renewed together, one whose key holds a foreign type and one written by
-/// another protocol version fail their own renewals only: their permits are lost when their
-/// deadlines pass (the renewals failed), and they wrote nothing; the others are renewed.
+/// another protocol version fail their own renewals only: the first's permit is lost at once
+/// as overwritten, the second's when its deadline passes (the renewals failed), and they
+/// wrote nothing; the others are renewed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_whose_renewal_fails_fails_alone() {
     for server in servers() {
@@ -125,7 +126,7 @@ async fn a_semaphore_whose_renewal_fails_fails_alone() {
         server.cmd(&["DEL", "redsem:{foreign-type}:exp"]);
         server.cmd(&["SET", "redsem:{foreign-type}:exp", "not a sorted set"]);
         server.cmd(&["HSET", "redsem:{other-version}:cfg", "ver", "99"]);
-        // (the releases of the lost permits may change the rest of foreign-type's keys)
+        // (the release of the other-version permit may change the rest of its keys)
         let cfg = |name: &str| server.cmd(&["HGETALL", &format!("redsem:{{{name}}}:cfg")]);
         let own =
             |name: &str| server.cmd(&["ZRANGE", &format!("redsem:{{{name}}}:own"), "0", "-1"]);
@@ -139,9 +140,14 @@ async fn a_semaphore_whose_renewal_fails_fails_alone() {
         let made = script_calls(&server) - before;
         for (sem, permit) in &held {
             let failing = sem.name() == "foreign-type" || sem.name() == "other-version";
+            let reason = match sem.name() {
+                "foreign-type" => Some(LostReason::Overwritten),
+                "other-version" => Some(LostReason::Unreachable),
+                _ => None,
+            };
             assert_eq!(
                 permit.lost_reason(),
-                failing.then_some(LostReason::Unreachable),
+                reason,
                 "{}: {}",
                 server.flavor(),
                 sem.name()

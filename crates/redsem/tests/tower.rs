@@ -243,7 +243,9 @@ async fn a_client_stack_limits_calls_to_an_api() {
     assert_eq!(gauge.peak.load(Ordering::SeqCst), 2);
     assert_eq!(sem.stats().await.unwrap().grants_total, 12);
 
-    // Readiness takes no permit: a readied, idle service holds nothing in Redis.
+    // Readiness takes no permit: a readied, idle service holds nothing in Redis (once the
+    // releases of the calls' permits, dropped in the background, are done).
+    client.flush_releases().await;
     let mut idle = stack.clone();
     idle.ready().await.unwrap();
     assert_eq!(card(&server, "outgoing", "slots"), 0);
