@@ -238,3 +238,65 @@ async fn a_wrong_master_name_or_no_sentinel_is_a_clear_error() {
     assert!(matches!(err, Error::Unreachable(_)), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// Sentinel promotes the replica without pausing the old master: the writes the old master
+/// acknowledged last are lost, releases among them. A released entry that comes back that way
+/// is in a session this client keeps renewing: without more, it would be held for ever by
+/// nobody (no grant for anyone: with limit 1, a deadlock while the process lives). The releases
+/// of the last seconds are sent again once the client follows the new master, so everything
+/// released is gone from the new master soon after the churn stops. Dropped permits (the
+/// background releaser) and awaited releases (the handle's combined calls) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_lost_in_a_failover_are_sent_again() {
+    for flavor in flavors() {
+        let set = Sentinels::start(flavor);
+        let client = client(&set.url()).await;
+        let sem = client
+            .semaphore("churn", 1)
+            .lease(Duration::from_secs(5))
+            .open()
+            .await
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks: Vec<_> = (0..2)
+            .map(|i| {
+                let (sem, stop) = (sem.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let options = redsem::AcquireOptions::new().timeout(Duration::from_secs(5));
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Ok(p) = sem.acquire_with(options.clone()).await {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            if i == 0 {
+                                drop(p);
+                            } else {
+                                let _ = p.release().await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let new = set.failover();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(15), t)
+                .await
+                .expect("a task hung")
+                .unwrap();
+        }
+        let data = set.data(new);
+        let left = || {
+            let held = data.cmd(&["HLEN", "redsem:{churn}:slots"]).as_int();
+            (held, queued(data, "churn"))
+        };
+        assert!(
+            eventually(Duration::from_secs(15), || left() == (Some(0), 0)).await,
+            "{flavor}: still held or queued after every release (slots, queue): {:?}",
+            left()
+        );
+        // the semaphore works: a new acquisition is granted at once
+        drop(sem.try_acquire().await.unwrap());
+    }
+}

@@ -257,6 +257,7 @@ impl Held {
         match result {
             Ok(()) => {
                 self.released = true;
+                self.handle.table.released(&self.id);
                 tracing::debug!(semaphore = %self.name(), holder = %self.id,
                     ticket = self.grant.ticket, slots = ?self.grant.slots, "released");
                 Ok(())

@@ -55,6 +55,8 @@ pub(crate) struct Notifier {
     sentinel: Option<(Arc<Sentinel>, mpsc::UnboundedSender<PushInfo>)>,
     /// Asks the resync task to subscribe every channel again and re-check the waiters.
     resync: Notify,
+    /// Counts the resyncs done ([`resyncs`](Self::resyncs)).
+    resynced: watch::Sender<u64>,
 }
 
 impl Notifier {
@@ -72,6 +74,7 @@ impl Notifier {
                 response_timeout: backend.response_timeout,
                 sentinel,
                 resync: Notify::new(),
+                resynced: watch::Sender::new(0),
             },
             rx,
         ))
@@ -207,6 +210,13 @@ impl Notifier {
             }
         }
         tracing::debug!("notifier: subscriptions restored, waiters re-checked");
+        self.resynced.send_modify(|n| *n += 1);
+    }
+
+    /// Changes once after each resync (the subscriber reconnected, or moved to a new master):
+    /// the releaser then sends its recent releases again, in case the failover lost them.
+    pub(crate) fn resyncs(&self) -> watch::Receiver<u64> {
+        self.resynced.subscribe()
     }
 
     /// Sentinel: moves the subscriber to the new master (retrying until it answers).

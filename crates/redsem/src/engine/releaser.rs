@@ -7,12 +7,23 @@
 //! release never reached Redis would otherwise live on in its session, which this process
 //! keeps renewing. If the runtime is gone, the send fails silently and the entries expire
 //! with their sessions. One per client.
+//!
+//! A release Redis confirmed can still be lost: a failover promotes a replica that had not
+//! received it (Sentinel promotes without pausing the old master, and replication is
+//! asynchronous). The entry then lives on in a session this process keeps renewing, held or
+//! queued for ever by nobody. So the releases confirmed in the last [`REPLAY_WINDOW`] are
+//! kept ([`Released`], those of the handles' in-place releases too), and sent again
+//! [`REPLAY_DELAY`] after the notifier re-subscribed (a reconnect, or a move to a new master:
+//! [`Notifier::resyncs`]); a release is idempotent and ids are never reused, so sending one
+//! again is harmless. Cost: one release call per semaphore that released something in the
+//! window, per resync; none otherwise.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::notifier::Notifier;
 use super::remote::{Calls, Remote};
@@ -42,17 +53,75 @@ pub(crate) enum Job {
     Stop,
 }
 
+/// How long a confirmed release is kept to be sent again after a resync: longer than a
+/// failover's lost writes reach back (Sentinel's promotion, the old master's last writes).
+const REPLAY_WINDOW: Duration = Duration::from_secs(10);
+/// Most releases kept (the oldest go first): a bound on the memory and on the one call per
+/// semaphore that sends them again.
+const REPLAY_CAP: usize = 16_384;
+/// How long after a resync the kept releases are sent again: releases still in flight to
+/// the old master when the client moved have come back by then (or failed, and are retried).
+const REPLAY_DELAY: Duration = Duration::from_secs(2);
+
+/// The releases Redis confirmed in the last [`REPLAY_WINDOW`], at most [`REPLAY_CAP`]: sent
+/// again after a resync (see the module's doc). Shared by the releaser task and the handles'
+/// in-place releases.
+#[derive(Clone, Default)]
+pub(crate) struct Released(Arc<Mutex<VecDeque<(Instant, Arc<Remote>, String)>>>);
+
+impl Released {
+    /// Redis confirmed the releases of `ids` of the semaphore `remote`.
+    pub(crate) fn record(&self, remote: &Arc<Remote>, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut log = self.0.lock().unwrap();
+        prune(&mut log, now);
+        for id in ids {
+            if log.len() == REPLAY_CAP {
+                log.pop_front();
+            }
+            log.push_back((now, remote.clone(), id.clone()));
+        }
+    }
+
+    /// The releases confirmed in the last [`REPLAY_WINDOW`], oldest first.
+    fn recent(&self) -> Vec<(Arc<Remote>, String)> {
+        let mut log = self.0.lock().unwrap();
+        prune(&mut log, Instant::now());
+        log.iter()
+            .map(|(_, r, id)| (r.clone(), id.clone()))
+            .collect()
+    }
+}
+
+/// Drops the releases older than [`REPLAY_WINDOW`].
+fn prune(log: &mut VecDeque<(Instant, Arc<Remote>, String)>, now: Instant) {
+    while log
+        .front()
+        .is_some_and(|(at, ..)| now - *at > REPLAY_WINDOW)
+    {
+        log.pop_front();
+    }
+}
+
 /// Sender side of the releaser task, held by the client and its handles.
 #[derive(Clone)]
 pub(crate) struct Releaser {
     tx: mpsc::UnboundedSender<Job>,
+    /// The confirmed releases, kept to be sent again after a resync.
+    pub(crate) released: Released,
 }
 
 impl Releaser {
     pub(crate) fn spawn(conn: Conn, notifier: Arc<Notifier>) -> Releaser {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, tx.downgrade(), conn, notifier));
-        Releaser { tx }
+        let released = Released::default();
+        let replay = replay(tx.downgrade(), released.clone(), notifier.resyncs());
+        tokio::spawn(run(rx, tx.downgrade(), conn, notifier, released.clone()));
+        tokio::spawn(replay);
+        Releaser { tx, released }
     }
 
     /// A releaser with no task behind it: the jobs go to the returned receiver (for the
@@ -60,7 +129,8 @@ impl Releaser {
     #[cfg(test)]
     pub(crate) fn detached() -> (Releaser, mpsc::UnboundedReceiver<Job>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Releaser { tx }, rx)
+        let released = Released::default();
+        (Releaser { tx, released }, rx)
     }
 
     /// Never blocks, never panics; a closed channel means the runtime is gone and the lease
@@ -94,11 +164,38 @@ const ATTEMPTS: u32 = 6;
 /// After [`ATTEMPTS`] failed tries, the jobs go back to the channel this much later.
 const RETRY_LATER: Duration = Duration::from_secs(5);
 
+/// Sends the kept releases again [`REPLAY_DELAY`] after each resync of the notifier; ends
+/// with the releaser (its channel) or the notifier.
+async fn replay(
+    again: mpsc::WeakUnboundedSender<Job>,
+    released: Released,
+    mut resyncs: tokio::sync::watch::Receiver<u64>,
+) {
+    while resyncs.changed().await.is_ok() {
+        tokio::time::sleep(REPLAY_DELAY).await;
+        resyncs.borrow_and_update(); // (resyncs meanwhile are covered by this replay)
+        let Some(tx) = again.upgrade() else { return };
+        let recent = released.recent();
+        if !recent.is_empty() {
+            tracing::debug!(
+                releases = recent.len(),
+                "releaser: sending the releases of the last seconds again after a resync"
+            );
+        }
+        for (remote, id) in recent {
+            if tx.send(Job::Release { remote, id }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Job>,
     again: mpsc::WeakUnboundedSender<Job>,
     conn: Conn,
     notifier: Arc<Notifier>,
+    released: Released,
 ) {
     let mut buf = Vec::with_capacity(JOBS_PER_ROUND);
     while rx.recv_many(&mut buf, JOBS_PER_ROUND).await > 0 {
@@ -147,7 +244,9 @@ async fn run(
             }
         }
         for g in groups {
-            if !release_with_retry(conn.clone(), &g).await && !stop {
+            if release_with_retry(conn.clone(), &g).await {
+                released.record(&g.remote, &g.ids);
+            } else if !stop {
                 retry_later(again.clone(), g);
             }
         }

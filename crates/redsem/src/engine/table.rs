@@ -132,6 +132,14 @@ impl Table {
         self.releaser.release(&self.remote, id);
     }
 
+    /// Redis confirmed the release of `id` (an in-place release): kept to be sent again after
+    /// a resync ([`Released`](super::releaser::Released)).
+    pub(crate) fn released(&self, id: &str) {
+        self.releaser
+            .released
+            .record(&self.remote, &[id.to_owned()]);
+    }
+
     /// A permit's holder is done with it (released, dropped or lost).
     pub(crate) fn forget_holder(&self, id: &str) {
         self.lock().remove_holder(id);
