@@ -67,7 +67,10 @@ const REPLAY_DELAY: Duration = Duration::from_secs(2);
 /// again after a resync (see the module's doc). Shared by the releaser task and the handles'
 /// in-place releases.
 #[derive(Clone, Default)]
-pub(crate) struct Released(Arc<Mutex<VecDeque<(Instant, Arc<Remote>, String)>>>);
+pub(crate) struct Released(Arc<Mutex<Log>>);
+
+/// When each release was confirmed, of which semaphore, and its entry's id; oldest first.
+type Log = VecDeque<(Instant, Arc<Remote>, String)>;
 
 impl Released {
     /// Redis confirmed the releases of `ids` of the semaphore `remote`.
@@ -97,7 +100,7 @@ impl Released {
 }
 
 /// Drops the releases older than [`REPLAY_WINDOW`].
-fn prune(log: &mut VecDeque<(Instant, Arc<Remote>, String)>, now: Instant) {
+fn prune(log: &mut Log, now: Instant) {
     while log
         .front()
         .is_some_and(|(at, ..)| now - *at > REPLAY_WINDOW)
