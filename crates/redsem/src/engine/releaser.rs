@@ -420,4 +420,24 @@ mod tests {
     async fn a_release_that_keeps_failing_is_put_aside_after_six_tries() {
         assert_eq!(delays(100).await, (vec![50, 100, 200, 400, 800], 6));
     }
+
+    /// The confirmed releases are kept for [`REPLAY_WINDOW`], at most [`REPLAY_CAP`] of them
+    /// (the oldest go first), to be sent again after a resync.
+    #[tokio::test(start_paused = true)]
+    async fn confirmed_releases_are_kept_for_the_window_and_up_to_the_cap() {
+        let remote = Arc::new(Remote::new(Keys::new("redsem", "r").unwrap(), 1, "PUBLISH"));
+        let released = Released::default();
+        let ids = |r: &Released| r.recent().into_iter().map(|(_, id)| id).collect::<Vec<_>>();
+        released.record(&remote, &["a".into(), "b".into()]);
+        tokio::time::advance(REPLAY_WINDOW / 2).await;
+        released.record(&remote, &["c".into()]);
+        assert_eq!(ids(&released), ["a", "b", "c"]);
+        tokio::time::advance(REPLAY_WINDOW / 2 + Duration::from_millis(1)).await;
+        assert_eq!(ids(&released), ["c"], "older than the window");
+        let many: Vec<String> = (0..REPLAY_CAP).map(|i| i.to_string()).collect();
+        released.record(&remote, &many);
+        let kept = ids(&released);
+        assert_eq!(kept.len(), REPLAY_CAP);
+        assert_eq!((kept[0].as_str(), kept[REPLAY_CAP - 1].as_str()), ("0", "16383"));
+    }
 }
