@@ -133,8 +133,23 @@ async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing(
         let other = client(&server).await;
         let sem = open(&other, "kept", 3, Duration::from_secs(60)).await;
         let held = sem.acquire().await.unwrap();
+        // (the connection of the count itself included)
+        let connections = || match server.cmd(&["CLIENT", "LIST"]) {
+            Reply::Bulk(s) => s.lines().count(),
+            other => panic!("CLIENT LIST answered {other:?}"),
+        };
+        let baseline = connections();
         let client = client(&server).await;
+        assert_eq!(connections(), baseline + 2, "{}", server.flavor());
         client.shutdown().await;
+        // the subscriber connection is closed; the command connection lasts as long as the
+        // client's clones (and its handles')
+        assert!(
+            eventually(Duration::from_secs(5), || connections() == baseline + 1).await,
+            "{}: {} connections after shutdown, {baseline} before the client",
+            server.flavor(),
+            connections()
+        );
         // the commands those calls would send (the other client's renewal is 20 s away)
         let sent = || {
             let others = ["ping", "scan", "function|load", "script|load"];
@@ -172,6 +187,12 @@ async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing(
         );
         closed("purge", client.purge_keys("kept").await.map(drop), "kept");
         assert_eq!(sent(), before, "{}: commands were sent", server.flavor());
+        drop(client);
+        assert!(
+            eventually(Duration::from_secs(5), || connections() == baseline).await,
+            "{}: the command connection outlived the client",
+            server.flavor()
+        );
         assert!(!held.is_lost());
         assert_eq!(other.inspect("kept").await.unwrap().limit, 3);
         drop(held);

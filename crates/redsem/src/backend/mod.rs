@@ -514,6 +514,8 @@ pub(crate) enum SubConn {
     Single(ConnectionManager),
     /// A cluster: sharded pub/sub, `SSUBSCRIBE` on the master of each channel's slot.
     Cluster(ClusterConnection),
+    /// The client was shut down: the connection was dropped (closed), and every call fails.
+    Closed,
 }
 
 impl SubConn {
@@ -521,6 +523,7 @@ impl SubConn {
         match self {
             SubConn::Single(c) => c.subscribe(channel).await,
             SubConn::Cluster(c) => c.ssubscribe(channel).await,
+            SubConn::Closed => Err(shut_down()),
         }
     }
 
@@ -528,6 +531,7 @@ impl SubConn {
         match self {
             SubConn::Single(c) => c.unsubscribe(channel).await,
             SubConn::Cluster(c) => c.sunsubscribe(channel).await,
+            SubConn::Closed => Err(shut_down()),
         }
     }
 
@@ -535,6 +539,15 @@ impl SubConn {
         match self {
             SubConn::Single(c) => redis::cmd("PING").query_async::<Value>(c).await.map(drop),
             SubConn::Cluster(c) => redis::cmd("PING").query_async::<Value>(c).await.map(drop),
+            SubConn::Closed => Err(shut_down()),
         }
     }
+}
+
+/// The error of a call on the subscriber connection of a client that was shut down.
+fn shut_down() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "the client was shut down: its subscriber connection is closed",
+    ))
 }

@@ -148,7 +148,8 @@ impl Context {
 
     /// Shuts every handle down, waits until the releaser has performed every release handed
     /// to it (the handles' and those queued before), then stops the releaser and the
-    /// notifier's tasks. Idempotent: a second call only waits for the releaser.
+    /// notifier's tasks and closes the subscriber connection. Idempotent: a second call only
+    /// waits for the releaser.
     pub(crate) async fn shutdown(&self) {
         let members = {
             let mut members = self.members.lock().unwrap();
@@ -161,6 +162,7 @@ impl Context {
         self.releaser.flush().await;
         self.releaser.send(Job::Stop);
         self.stop.cancel();
+        self.notifier.close();
     }
 
     /// A fresh channel id for one opened semaphore handle

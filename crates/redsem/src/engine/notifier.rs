@@ -84,6 +84,12 @@ impl Notifier {
         self.conn.read().unwrap().clone()
     }
 
+    /// Drops the subscriber connection (it closes once the calls in flight on it are done):
+    /// for [`Context::shutdown`](super::Context::shutdown), after the tasks that use it stopped.
+    pub(crate) fn close(&self) {
+        *self.conn.write().unwrap() = SubConn::Closed;
+    }
+
     /// Subscribes `channel` and routes its messages to `listener`. Returns once Redis
     /// confirmed the subscription, so no grant published afterwards is missed.
     pub(crate) async fn subscribe(

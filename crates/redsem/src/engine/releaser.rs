@@ -438,6 +438,9 @@ mod tests {
         released.record(&remote, &many);
         let kept = ids(&released);
         assert_eq!(kept.len(), REPLAY_CAP);
-        assert_eq!((kept[0].as_str(), kept[REPLAY_CAP - 1].as_str()), ("0", "16383"));
+        assert_eq!(
+            (kept[0].as_str(), kept[REPLAY_CAP - 1].as_str()),
+            ("0", "16383")
+        );
     }
 }
