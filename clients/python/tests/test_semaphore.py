@@ -691,6 +691,36 @@ def test_a_forked_child_gets_a_clear_error_instead_of_a_hang(server: Server) -> 
     assert "forked" in out.stdout
 
 
+def test_a_sync_client_dropped_without_close_stops_its_thread(server: Server, name: str) -> None:
+    """A `redsem.sync.Client` the program forgets without `close()` stops its loop thread
+    when it is collected (it kept a thread and 3 fds for the life of the process)."""
+    import gc
+    import threading
+
+    from redsem.sync import Client
+
+    def redsem_threads() -> int:
+        return sum(t.name == "redsem" for t in threading.enumerate())
+
+    before = redsem_threads()
+    for _ in range(20):
+        c = Client(server.url)
+        with c.semaphore(name, limit=2).acquire(timeout=5):
+            pass
+        del c
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while redsem_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert redsem_threads() == before
+    # and what it held was released (in the background, as a dropped asyncio client does)
+    with Client(server.url) as c:
+        deadline = time.monotonic() + 10
+        while c.inspect(name).in_use and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.inspect(name).in_use == 0
+
+
 def test_the_sync_wrapper(server: Server, name: str) -> None:
     from redsem.sync import Client
 

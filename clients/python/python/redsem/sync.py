@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -28,6 +29,19 @@ from ._client import AcquireOptions, Fence, ForceReleased, Resized, Stats
 from .errors import Closed
 
 T = TypeVar("T")
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stops a client's loop thread and closes its loop (its selector and self-pipe): on
+    `close()`, or when a client that was never closed is collected. Never references the
+    client, so that it can be its finalizer."""
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is threading.current_thread():
+        return  # collected by the loop's own thread: it stops after this callback
+    thread.join()
+    loop.close()
 
 __all__ = ["Client", "FencedStore", "LostSignal", "Permit", "Semaphore"]
 
@@ -40,6 +54,9 @@ class Client:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="redsem", daemon=True)
         self._thread.start()
+        # a client dropped without close() stops its thread and closes its loop all the same
+        # (they would otherwise live as long as the process: a thread and 3 fds each)
+        self._finalizer = weakref.finalize(self, _stop_loop, self._loop, self._thread)
         try:
             self._client = self._run(_client.connect(url, **kwargs))
         except BaseException:
@@ -98,9 +115,7 @@ class Client:
         self._run(self._client.flush())
 
     def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._finalizer()
 
     def close(self) -> None:
         """Shuts the client down (see `redsem.Client.close`) and stops the loop thread."""
