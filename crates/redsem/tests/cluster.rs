@@ -65,6 +65,16 @@ async fn many_semaphores_spread_over_the_shards_keep_their_limits_at_once() {
     for flavor in flavors() {
         let cluster = Cluster::start(flavor);
         let client = client(&cluster).await;
+        // a one-server URL naming a node is refused, with the URL to use (it would reach that
+        // node alone: a third of the semaphores, and MOVED errors for the rest)
+        let one = cluster.node(0).url();
+        match Client::connect(&one).await {
+            Err(redsem::Error::InvalidArgument(text)) => assert!(
+                text.contains("is a node of a Redis Cluster") && text.contains("redis+cluster://"),
+                "{flavor}: {text}"
+            ),
+            other => panic!("{flavor}: {one} as one server: {other:?}"),
+        }
         // 12 semaphores; their hash tags put them on different masters
         let names: Vec<String> = (0..12).map(|i| format!("spread-{i}")).collect();
         let masters: std::collections::HashSet<usize> = names

@@ -247,6 +247,39 @@ impl Backend {
             Err(e) if crate::codes::Code::of(&e) != crate::codes::Code::Unavailable => {
                 Err(Error::from_server(e))
             }
+            Err(_) => Ok(()),
+            Ok(mut conn) => self.not_a_cluster_node(&mut conn).await,
+        }
+    }
+
+    /// A `redis://` URL must not name a node of a Redis Cluster: redsem would reach that node
+    /// alone, which holds only its own slots' keys (`list` would miss the others, calls about
+    /// them fail with `MOVED`). One `INFO cluster` (a server that refuses or does not know it
+    /// is taken as a single server).
+    async fn not_a_cluster_node(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), Error> {
+        let info: RedisResult<String> = redis::cmd("INFO").arg("cluster").query_async(conn).await;
+        match info {
+            Ok(text) if text.lines().any(|l| l.trim() == "cluster_enabled:1") => {
+                let Topology::Standalone(i) = &self.topology else {
+                    return Ok(());
+                };
+                let addr = addr_of(i);
+                let tls = matches!(i.addr(), redis::ConnectionAddr::TcpTls { .. });
+                let scheme = if tls {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                };
+                Err(Error::InvalidArgument(format!(
+                    "Redis URL {:?}: {addr} is a node of a Redis Cluster: use \
+                     {scheme}://{addr}/ (a one-server URL reaches this node alone, which holds \
+                     only its own slots' keys)",
+                    redact_url(&self.url)
+                )))
+            }
             _ => Ok(()),
         }
     }
