@@ -519,6 +519,13 @@ impl BackendError {
             what,
         )))
     }
+    /// A refused connection, in redsem's words (`what`: where, and what to check).
+    pub(crate) fn refused(what: String) -> BackendError {
+        BackendError(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            what,
+        )))
+    }
     /// True when the call did not get an answer in time.
     pub fn is_timeout(&self) -> bool {
         self.0.is_timeout()

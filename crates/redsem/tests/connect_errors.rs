@@ -222,3 +222,33 @@ async fn a_cluster_or_sentinel_url_on_a_single_server() {
         );
     }
 }
+
+/// Nothing listening at any sentinel, or at any seed node of a cluster: the error says so, lists
+/// the addresses and what to check (it was the bare "Connection refused (os error 111)"), and
+/// stays `Unreachable` (retryable: they may be starting).
+#[tokio::test]
+async fn no_sentinel_or_seed_node_listening_is_named_so() {
+    // ports nobody listens on: bound, then closed
+    let closed = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (a, b) = (closed(), closed());
+    let cases = [
+        (
+            format!("redis+sentinel://127.0.0.1:{a},127.0.0.1:{b}/mymaster"),
+            "no sentinel accepts connections",
+        ),
+        (
+            format!("redis+cluster://127.0.0.1:{a},127.0.0.1:{b}"),
+            "no seed node of the cluster accepts connections",
+        ),
+    ];
+    for (url, says) in cases {
+        let err = connect(&url).await.unwrap_err();
+        assert!(matches!(err, Error::Unreachable(_)), "{url}: {err:?}");
+        let text = err.to_string();
+        assert!(text.contains(says), "{url}: {text}");
+        assert!(text.contains(&format!("127.0.0.1:{a}")), "{url}: {text}");
+    }
+}

@@ -178,7 +178,28 @@ impl Backend {
                 )),
             };
         }
-        if refused || !matches!(err, Error::Unreachable(_)) {
+        // (the cluster client says so in its own words)
+        let refused = refused || lower.contains("connection refused");
+        if refused {
+            // which servers refused, and what they should be
+            let list =
+                |infos: &[ConnectionInfo]| infos.iter().map(addr_of).collect::<Vec<_>>().join(", ");
+            let why = match &self.topology {
+                Topology::Sentinel(s) => format!(
+                    "no sentinel accepts connections ({}: connection refused): check that the \
+                     sentinels run and the URL lists their addresses (port 26379 by default)",
+                    list(&s.sentinels)
+                ),
+                Topology::Cluster(nodes) => format!(
+                    "no seed node of the cluster accepts connections ({}: connection refused): \
+                     check that the nodes run and the URL lists some of them",
+                    list(nodes)
+                ),
+                Topology::Standalone(_) => return err,
+            };
+            return Error::Unreachable(crate::error::BackendError::refused(why));
+        }
+        if !matches!(err, Error::Unreachable(_)) {
             return err;
         }
         if tls {
@@ -234,8 +255,10 @@ impl Backend {
     /// change (a wrong password, a database number out of range, a user not allowed to
     /// connect: every failure but [`Code::Unavailable`](crate::codes::Code)) fails at once,
     /// as what it is, rather than after the retries or, with a short connect timeout, as an
-    /// unreachable server. A server not reachable yet is left to the manager's retries. The
-    /// connection is dropped: the manager makes its own (one more handshake per client).
+    /// unreachable server. A server not reachable yet is left to the manager's retries. On
+    /// that connection, [`not_a_cluster_node`](Self::not_a_cluster_node) checks the server is
+    /// not a cluster node. The connection is dropped: the manager makes its own (one more
+    /// handshake per client).
     async fn first_attempt(&self, client: &redis::Client) -> Result<(), Error> {
         let once = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
