@@ -455,6 +455,23 @@ async fn a_killed_master_loses_unreplicated_grants_and_their_holders_are_told() 
             matches!(sem.stats().await, Ok(s) if s.limit == 2),
             "{flavor}"
         );
+        // both handles' shard channels are subscribed on their slots' masters again, the
+        // killed one's and the other's: grants keep coming as notifications, not polls
+        let subscribed = |name: &str, n: u32| {
+            let channel = format!("redsem:{{{name}}}:c:{}.{n}", client.id());
+            let node = cluster.node(cluster.master_for_key(&channel));
+            match node.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]) {
+                Reply::Array(a) => a.get(1).and_then(Reply::as_int) == Some(1),
+                _ => false,
+            }
+        };
+        let both = || subscribed("killed", 0) && subscribed("elsewhere", 1);
+        assert!(
+            eventually(Duration::from_secs(20), both).await,
+            "{flavor}: subscriptions lost after the failover (killed: {}, elsewhere: {})",
+            subscribed("killed", 0),
+            subscribed("elsewhere", 1)
+        );
     }
 }
 
