@@ -96,7 +96,11 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Closed`] after [`close`](Self::close); connection and permission errors as
-    /// they come. A ticket lost while waiting (this process paused past the lease, Redis
+    /// they come ([`Error::Unreachable`] at once when Redis does not answer). A server that
+    /// answers that it cannot serve now (`TRYAGAIN` while a slot migrates, `CLUSTERDOWN` or
+    /// `READONLY` during a failover, `LOADING` after a restart) is asked again with backoff
+    /// (50 ms doubling to 1 s): until the acquisition's timeout, or for 15 s without one,
+    /// after which its error is returned. A ticket lost while waiting (this process paused past the lease, Redis
     /// restarted) is queued again, at the back, without an error; one an operator removed
     /// from the queue ([`Client::force_release_existing`](crate::Client::force_release_existing))
     /// fails with [`Error::RemovedFromQueue`]; one larger than the limit after a shrink, with

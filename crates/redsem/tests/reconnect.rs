@@ -278,3 +278,43 @@ async fn a_holder_survives_an_outage_shorter_than_its_lease_and_not_a_longer_one
         drop(held);
     }
 }
+
+/// A server that answers but cannot serve now (a replica's `READONLY` here; `TRYAGAIN` while a
+/// slot migrates, `CLUSTERDOWN` during a failover, `LOADING` after a restart): an acquisition
+/// asks again, with backoff, until its timeout (it failed at once with `Unreachable`); a
+/// `try_acquire` still fails at once (one round trip); a server that does not answer is not
+/// waited for (unchanged, see the tests above).
+#[tokio::test]
+async fn an_acquisition_asks_again_while_the_server_cannot_serve() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "cannot-serve", 1, Duration::from_secs(5)).await;
+        // a replica of a master that does not exist: it keeps its data and refuses writes
+        server.cmd(&["REPLICAOF", "127.0.0.1", "1"]);
+        let err = sem.try_acquire().await.unwrap_err();
+        assert!(matches!(err, redsem::Error::Unreachable(_)), "{err:?}");
+        let started = Instant::now();
+        let waiting = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire_timeout(Duration::from_secs(20)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !waiting.is_finished(),
+            "{}: gave up while refused",
+            server.flavor()
+        );
+        server.cmd(&["REPLICAOF", "NO", "ONE"]);
+        let permit = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("still waiting once the server serves again")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
+        assert!(started.elapsed() >= Duration::from_millis(1500));
+        assert_eq!(card(&server, "cannot-serve", "slots"), 1);
+        // nothing was left of the refused attempts
+        assert_eq!(card(&server, "cannot-serve", "queue"), 0);
+        drop(permit);
+        client.shutdown().await;
+    }
+}

@@ -128,11 +128,30 @@ impl Handle {
                 let mut pending = Pending::new(self, acq.try_only)?;
                 tracing::Span::current().record("holder", &*pending.id);
                 // Boxed like the local cap: only the wait below lives as long as the queue.
-                if let Some(done) =
-                    Box::pin(self.request(&mut pending, &mut acq.granted, acq.deadline.as_mut()))
-                        .await?
+                // (a `match` on the reply itself, no local: nothing of it is kept across the
+                // waits below)
+                let busy = match Box::pin(self.request(
+                    &mut pending,
+                    &mut acq.granted,
+                    acq.deadline.as_mut(),
+                ))
+                .await
                 {
-                    return done;
+                    Ok(Some(done)) => return done,
+                    Ok(None) => false,
+                    // the server cannot serve now (a failover, a slot in migration)
+                    Err(e) if !acq.try_only && acq.busy.again(&e, acq.deadline.is_some()) => {
+                        tracing::info!(semaphore = %self.name(), error = %e, "Redis cannot serve now; asking again");
+                        true
+                    }
+                    Err(e) => return Err(e),
+                };
+                if busy {
+                    // asked again after a pause, with a new entry (`pending`'s drop removes
+                    // this one)
+                    drop(pending);
+                    Box::pin(self.pause_busy(&mut acq)).await?;
+                    continue;
                 }
                 let rx = pending
                     .rx
@@ -148,6 +167,16 @@ impl Handle {
                     return done;
                 }
             }
+        }
+    }
+
+    /// Waits before asking again a server that could not serve ([`Busy`]); `Err(Timeout)`
+    /// if the acquisition's timeout passes first.
+    async fn pause_busy(&self, acq: &mut Acquisition) -> Result<(), Error> {
+        let pause = tokio::time::sleep(acq.busy.next_delay());
+        tokio::select! {
+            () = pause => Ok(()),
+            () = expiry(acq.deadline.as_mut()) => Err(self.timeout_error(acq.timeout)),
         }
     }
 
@@ -406,10 +435,49 @@ impl Handle {
     }
 }
 
+/// How long an acquisition without a timeout asks again while the server cannot serve
+/// ([`Busy`]): about what a failover takes.
+const BUSY_FOR: Duration = Duration::from_secs(15);
+
+/// An acquisition's answers of a server that cannot serve now (a reply `TRYAGAIN`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `BUSY`, `READONLY`: a failover, a slot in
+/// migration, a restart), which it asks again after, with backoff: until its timeout, or for
+/// [`BUSY_FOR`] without one (then the error is returned). A server that does not answer, or
+/// a refused connection, fails at once as before (`Unreachable`: the caller decides), and so
+/// does a `try_acquire` (one round trip).
+#[derive(Default)]
+struct Busy {
+    /// The first such answer, and how many there were.
+    since: Option<Instant>,
+    answers: u32,
+}
+
+impl Busy {
+    /// Whether to ask again after `e` (`timed`: the acquisition has a timeout).
+    fn again(&mut self, e: &Error, timed: bool) -> bool {
+        // a reply of the server (with a code), classed as "cannot serve now"
+        let busy = matches!(e, Error::Unreachable(b) if b.code().is_some());
+        if !busy {
+            return false;
+        }
+        self.answers += 1;
+        let since = *self.since.get_or_insert_with(Instant::now);
+        timed || since.elapsed() < BUSY_FOR
+    }
+
+    /// The pause before asking again: 50 ms, doubling up to 1 s.
+    fn next_delay(&self) -> Duration {
+        Duration::from_millis(50 << self.answers.saturating_sub(1).min(4))
+            .min(Duration::from_secs(1))
+    }
+}
+
 /// One acquisition's state, owned by its future: the request and what it holds, the mode,
 /// and the timer of a timeout (made at the first poll).
 struct Acquisition {
     granted: Granted,
+    /// The server's answers that it cannot serve now ([`Busy`]).
+    busy: Busy,
     try_only: bool,
     timeout: Option<Duration>,
     deadline: Option<Deadline>,
@@ -427,6 +495,7 @@ impl Acquisition {
                 local: None,
                 lease_use: None,
             },
+            busy: Busy::default(),
             try_only: ask.try_only,
             timeout: ask.timeout,
             deadline: None,
