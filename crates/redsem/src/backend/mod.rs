@@ -181,23 +181,7 @@ impl Backend {
         // (the cluster client says so in its own words)
         let refused = refused || lower.contains("connection refused");
         if refused {
-            // which servers refused, and what they should be
-            let list =
-                |infos: &[ConnectionInfo]| infos.iter().map(addr_of).collect::<Vec<_>>().join(", ");
-            let why = match &self.topology {
-                Topology::Sentinel(s) => format!(
-                    "no sentinel accepts connections ({}: connection refused): check that the \
-                     sentinels run and the URL lists their addresses (port 26379 by default)",
-                    list(&s.sentinels)
-                ),
-                Topology::Cluster(nodes) => format!(
-                    "no seed node of the cluster accepts connections ({}: connection refused): \
-                     check that the nodes run and the URL lists some of them",
-                    list(nodes)
-                ),
-                Topology::Standalone(_) => return err,
-            };
-            return Error::Unreachable(crate::error::BackendError::refused(why));
+            return self.refused(err);
         }
         if !matches!(err, Error::Unreachable(_)) {
             return err;
@@ -223,6 +207,27 @@ impl Backend {
             probe::Answer::Other(line) => not_redis(&line),
             _ => err,
         }
+    }
+
+    /// [`explain`](Self::explain) of a refused connection: for Sentinel and Cluster, which
+    /// servers refused and what they should be (one server's refusal says it all).
+    fn refused(&self, err: Error) -> Error {
+        let list =
+            |infos: &[ConnectionInfo]| infos.iter().map(addr_of).collect::<Vec<_>>().join(", ");
+        let why = match &self.topology {
+            Topology::Sentinel(s) => format!(
+                "no sentinel accepts connections ({}: connection refused): check that the \
+                 sentinels run and the URL lists their addresses (port 26379 by default)",
+                list(&s.sentinels)
+            ),
+            Topology::Cluster(nodes) => format!(
+                "no seed node of the cluster accepts connections ({}: connection refused): \
+                 check that the nodes run and the URL lists some of them",
+                list(nodes)
+            ),
+            Topology::Standalone(_) => return err,
+        };
+        Error::Unreachable(crate::error::BackendError::refused(why))
     }
 
     /// The publish command the scripts use: sharded pub/sub on a cluster.
