@@ -491,3 +491,61 @@ fn master_offset_caught_up(cluster: &Cluster, master: usize, replica: usize) -> 
         (Some(m), Some(r)) if m == r
     )
 }
+
+/// A shard subscription the server drops with the subscriber's connection to one master
+/// (`CLIENT KILL`, nothing published meanwhile) is made again: a waiter is then woken by the
+/// grant's notification, not by a renewal.
+#[tokio::test]
+async fn a_shard_subscription_dropped_with_its_connection_is_made_again() {
+    for flavor in flavors() {
+        let cluster = Cluster::start(flavor);
+        let client = client(&cluster).await;
+        let name = "dropped";
+        let sem = client
+            .semaphore(name, 1)
+            .lease(Duration::from_secs(60))
+            // waiters are checked at each renewal: far apart, so a prompt wake-up shows a
+            // notification
+            .renew_every(Duration::from_secs(20))
+            .fallback_poll(Duration::from_secs(60))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let waiter = {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.acquire().await })
+        };
+        queued(&cluster, name, 1).await;
+        let channel = format!("redsem:{{{name}}}:c:{}.0", client.id());
+        let master = cluster.node(cluster.master_for_key(&channel));
+        let subscribed = || match master.cmd(&["PUBSUB", "SHARDNUMSUB", &channel]) {
+            Reply::Array(a) => a.get(1).and_then(Reply::as_int) == Some(1),
+            _ => false,
+        };
+        assert!(subscribed(), "{flavor}: not subscribed at first");
+        // the server drops the subscriber's connection to this master (and so its
+        // subscription); the client hears of it only if it looks
+        assert!(
+            master
+                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+                .as_int()
+                >= Some(1),
+            "{flavor}: no subscriber connection to kill"
+        );
+        assert!(!subscribed(), "{flavor}");
+        assert!(
+            eventually(Duration::from_secs(20), subscribed).await,
+            "{flavor}: the dropped subscription was never made again"
+        );
+        let released = Instant::now();
+        drop(held);
+        let p = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{flavor}: the waiter was not woken by a notification"))
+            .unwrap()
+            .unwrap();
+        println!("{flavor}: woken {:?} after the release", released.elapsed());
+        drop(p);
+    }
+}
