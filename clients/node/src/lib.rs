@@ -170,6 +170,19 @@ fn invalid(message: String) -> napi::Error {
     to_js(redsem::Error::InvalidArgument(message))
 }
 
+/// Runs `fut` on napi-rs's runtime and returns its promise, `fut` first polled here, before
+/// this returns: a call takes effect in the order it was made (two `acquire`s of one event
+/// loop queue in that order), not when a runtime worker first runs its task
+/// ([`redsem::bindings::start_now`]).
+fn start<'env, T, F>(env: &'env Env, fut: F) -> Result<PromiseRaw<'env, T>>
+where
+    T: ToNapiValue + Send + 'static,
+    F: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let started = within_runtime_if_available(|| redsem::bindings::start_now(fut));
+    env.spawn_future(started)
+}
+
 /// An acquisition cancelled through its [`CancelToken`] (`index.js` rejects with the
 /// `AbortSignal`'s reason instead).
 fn aborted() -> napi::Error {
@@ -612,26 +625,30 @@ impl Semaphore {
         }
     }
 
-    /// `acquire` (`tryOnly` false) or `tryAcquire` (true), cancelled by `cancel`.
-    #[napi]
-    pub async fn acquire(
+    /// `acquire` (`tryOnly` false) or `tryAcquire` (true), cancelled by `cancel`. Takes its
+    /// place in the queue before it returns ([`start`]): two calls queue in call order.
+    #[napi(ts_return_type = "Promise<Permit>")]
+    pub fn acquire<'env>(
         &self,
+        env: &'env Env,
         options: Option<AcquireOptions>,
         try_only: bool,
         cancel: Option<&CancelToken>,
-    ) -> Result<Permit> {
+    ) -> Result<PromiseRaw<'env, Permit>> {
         let options = match options {
             Some(o) => o.into_rust(try_only)?,
             None => redsem::AcquireOptions::new().try_only(try_only),
         };
         let sem = self.inner.clone();
         let token = cancel.map(|c| c.token.clone()).unwrap_or_default();
-        let permit = tokio::select! {
-            biased;
-            _ = token.cancelled() => return Err(aborted()),
-            p = sem.acquire_with(options) => p.map_err(to_js)?,
-        };
-        Ok(Permit::new(permit))
+        start(env, async move {
+            let permit = tokio::select! {
+                biased;
+                _ = token.cancelled() => return Err(aborted()),
+                p = sem.acquire_with(options) => p.map_err(to_js)?,
+            };
+            Ok(Permit::new(permit))
+        })
     }
 
     /// `Semaphore::stats_listing`: at most `listed` (default 100) holders and waiters listed.

@@ -86,6 +86,29 @@ for (const { flavor, binary, skip } of flavors()) {
       assert.deepEqual(order, [0, 1, 2, 3, 4, 5]);
     });
 
+    test('acquires made one after the other queue in that order, without waiting between them', async () => {
+      // each native call takes its place as it is made, not when a runtime worker first runs it
+      const sem = await client.semaphore('call-order', { limit: 1 });
+      for (let round = 0; round < 3; round++) {
+        const first = await sem.acquire();
+        const order = [];
+        const tickets = [];
+        const waiters = [];
+        for (let i = 0; i < 40; i++) {
+          waiters.push(sem.acquire().then(async (p) => {
+            order.push(i);
+            tickets.push(p.ticket);
+            await p.release();
+          }));
+        }
+        assert.ok(await eventually(async () => (await counts(sem)).waiters === 40));
+        await first.release();
+        await Promise.all(waiters);
+        assert.deepEqual(order, [...Array(40).keys()], `round ${round}`);
+        assert.deepEqual(tickets, [...tickets].sort((a, b) => a - b), `round ${round}`);
+      }
+    });
+
     test('priority classes: higher first, FIFO within a class', async () => {
       const sem = await client.semaphore('prio', { limit: 1 });
       const first = await sem.acquire();

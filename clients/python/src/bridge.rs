@@ -134,13 +134,19 @@ pub(crate) fn _complete(
 
 /// Runs `fut` on the runtime; returns an `asyncio.Future` of the running loop (a
 /// `RuntimeError` without one) resolved with its output. Cancelling the asyncio future
-/// drops `fut`.
+/// drops `fut`. `fut` is first polled here, before this returns (without the GIL): calls
+/// take effect in the order they were made, two `acquire`s of one loop queue in that order
+/// ([`redsem::bindings::start_now`]).
 pub(crate) fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, Failure>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let fut = py.detach(|| {
+        let _runtime = runtime().enter();
+        redsem::bindings::start_now(fut)
+    });
     let future = event_loop.call_method0("create_future")?;
     let (tx, mut rx) = oneshot::channel::<()>();
     let callback = Bound::new(

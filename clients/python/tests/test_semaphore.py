@@ -83,6 +83,29 @@ async def test_waiters_of_two_clients_are_granted_in_ticket_order(server: Server
     await c2.close()
 
 
+async def test_acquires_of_one_loop_queue_in_the_order_they_were_made(server: Server, name: str) -> None:
+    # Each native call is first polled as it is made: were it first polled by whichever
+    # runtime worker picks its task up, a later call could queue ahead of an earlier one.
+    async with await redsem.connect(server.url) as c:
+        sem = await c.semaphore(name, limit=1)
+        for round in range(3):
+            first = await sem.acquire()
+            order: list[int] = []
+            tickets: list[int] = []
+
+            async def worker(i: int) -> None:
+                async with sem.acquire(timeout=60) as p:
+                    order.append(i)
+                    tickets.append(p.ticket)
+
+            tasks = [asyncio.create_task(worker(i)) for i in range(40)]
+            await until(lambda: n_waiting(sem, 40))
+            await first.release()
+            await asyncio.gather(*tasks)
+            assert order == list(range(40)), f"round {round}: granted out of call order: {order}"
+            assert tickets == sorted(tickets), f"round {round}: tickets {tickets}"
+
+
 async def test_a_snapshot_lists_at_most_what_it_is_asked(server: Server, name: str) -> None:
     async with await redsem.connect(server.url) as c:
         sem = await c.semaphore(name, limit=1)

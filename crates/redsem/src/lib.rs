@@ -148,6 +148,9 @@ pub use protocol::keys::{MAX_NAME_LEN, PROTOCOL_VERSION, check_limit};
 pub use semaphore::{MAX_LIMIT, Semaphore};
 pub use stats::{HolderInfo, MAX_LISTED, STATS_LISTED, Stats, WaiterInfo};
 
+#[doc(hidden)]
+pub mod bindings;
+
 /// The protocol's rules that the workspace's other crates (the chaos suite's checker and
 /// snapshots) must apply exactly as the library does: imported from here, never re-derived.
 /// Not a public API: no stability promise.

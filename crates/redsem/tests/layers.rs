@@ -27,7 +27,7 @@ fn rank(file: &str) -> Option<u32> {
         "engine" => 5,
         "lib.rs" | "semaphore.rs" | "builder.rs" | "permit.rs" | "client.rs" | "admin.rs"
         | "tower.rs" | "fencing.rs" | "stats.rs" | "guide.rs" | "options.rs" | "blocking.rs"
-        | "handoff.rs" => 6,
+        | "handoff.rs" | "bindings.rs" => 6,
         _ => return None,
     })
 }
