@@ -154,7 +154,9 @@ enum Command {
     Run(RunArgs),
     /// Show one semaphore: limit, holders, queue.
     Stats(StatsArgs),
-    /// List every semaphore under the prefix: limit, holders, waiters, oldest wait.
+    /// List every semaphore under the prefix: limit, holders, waiters, oldest wait. One it
+    /// cannot read (a foreign key, refused by ACL) is named on stderr and the exit status is
+    /// 125: the listing is incomplete.
     List(ListArgs),
     /// Live view of a semaphore: holders, queue, wait-time trend, alerts.
     Watch(WatchArgs),

@@ -889,12 +889,17 @@ fn default_label(command: &[OsString]) -> String {
 }
 
 /// Sends `sig` to the process group `pgid` (errors such as "no such group" are ignored:
-/// everyone in it may have exited already).
+/// everyone in it may have exited already), then SIGCONT: a stopped process (Ctrl-Z,
+/// SIGSTOP) would otherwise get a SIGTERM only once someone continues it, and hold the
+/// permits until then (SIGKILL ends a stopped process as it is).
 fn killpg(pgid: i32, sig: i32) {
     if pgid > 1 {
         // SAFETY: killpg has no memory-safety preconditions.
         unsafe {
             libc::killpg(pgid, sig);
+            if sig != libc::SIGKILL && sig != libc::SIGCONT {
+                libc::killpg(pgid, libc::SIGCONT);
+            }
         }
     }
 }

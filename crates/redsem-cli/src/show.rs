@@ -187,6 +187,7 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
         .collect()
         .await;
     let mut entries = Vec::with_capacity(snapshots.len());
+    let mut skipped = 0;
     for (snapshot, name) in snapshots {
         match snapshot {
             Ok(s) => entries.push(ListEntry {
@@ -203,16 +204,30 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
             // deleted between the scan and now
             Err(redsem::Error::UnknownSemaphore { .. }) => {}
             // a foreign key that looks like ours, or a broken one: say so, show the others
-            Err(e) => say!("redsem: skipping {name:?}: {}", common::describe(&e)),
+            Err(e) => {
+                say!("redsem: skipping {name:?}: {}", common::describe(&e));
+                skipped += 1;
+            }
         }
     }
+    // an incomplete listing is not a success: a script must not take it for the whole
+    let status = if skipped > 0 {
+        say!(
+            "redsem: {skipped} semaphore(s) could not be read (above): the listing is incomplete"
+        );
+        common::EXIT_ERROR
+    } else {
+        0
+    };
     if a.json {
         out!("{}\n", to_json(&entries)?);
-        return Ok(0);
+        return Ok(status);
     }
     if entries.is_empty() {
-        out!("no semaphores under key prefix {:?}\n", g.prefix);
-        return Ok(0);
+        if skipped == 0 {
+            out!("no semaphores under key prefix {:?}\n", g.prefix);
+        }
+        return Ok(status);
     }
     let rows: Vec<Vec<String>> = entries
         .iter()
@@ -245,7 +260,7 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
             &rows
         )
     );
-    Ok(0)
+    Ok(status)
 }
 
 /// `redsem limit NAME L|+N|-N`.

@@ -425,6 +425,28 @@ fn a_foreign_hash_is_not_a_semaphore_and_delete_leaves_it_unless_told() {
             "{name}: the foreign hash was changed"
         );
     }
+    // `list` shows the semaphores it can read, names those it cannot, and does not exit 0:
+    // a script must not take an incomplete listing for the whole
+    let out = run(redsem(&server).args(["run", "real", "--limit", "2", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for json in [false, true] {
+        let args: &[&str] = if json { &["list", "--json"] } else { &["list"] };
+        let out = run(redsem(&server).args(args));
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(code(&out), 125, "{args:?}: {err}");
+        assert!(text.contains("real") && !text.contains("fruit"), "{args:?}: {text}");
+        assert!(
+            err.contains("skipping \"fruit\"")
+                && err.contains("2 semaphore(s) could not be read (above): the listing is incomplete"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = run(redsem(&server).args(["delete", "real"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(redsem(&server).args(["list"]));
+    assert_eq!(code(&out), 125);
+    assert!(!stdout(&out).contains("no semaphores"), "{}", stdout(&out));
+
     let out = run(redsem(&server).args(["delete", "fruit", "--delete-foreign-data"]));
     assert_eq!(code(&out), 125, "needs --force: {}", stderr(&out));
     let out = run(redsem(&server).args(["delete", "fruit", "--force", "--delete-foreign-data"]));

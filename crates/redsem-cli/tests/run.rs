@@ -562,6 +562,37 @@ fn sigterm_reaches_the_command_and_frees_the_slot_at_once() {
     assert_eq!(counts(&server, "sig"), Some((0, 0)));
 }
 
+/// A stopped command (SIGSTOP, Ctrl-Z) still gets the signals `redsem run` forwards, and the
+/// SIGTERM of a lost lease: each is followed by SIGCONT, so the command ends and frees its
+/// slot now, not whenever someone continues it.
+#[test]
+fn a_stopped_command_still_ends_on_a_forwarded_signal() {
+    let server = Server::start(Flavor::Redis);
+    let dir = tempfile::tempdir().unwrap();
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        let mut r = Background::spawn(
+            redsem(&server)
+                .args(["run", "--name", "stopped", "--limit", "1", "--lease", "30s", "--"])
+                .args(["sh", "-c", r#"echo $$ > "$DIR/sleep.pid"; exec sleep 60"#])
+                .env("DIR", dir.path())
+                .stderr(Stdio::piped()),
+        );
+        let pid = read_pid(&dir.path().join("sleep.pid"));
+        std::fs::remove_file(dir.path().join("sleep.pid")).unwrap();
+        // SAFETY: a plain syscall on the command's pid.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        wait_until(Duration::from_secs(10), "the command stopped", || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')))
+        });
+        r.signal(sig);
+        let (rc, err) = r.finish(Duration::from_secs(10));
+        assert_eq!(rc, 128 + sig, "signal {sig}: {err}");
+        assert!(is_dead(pid), "signal {sig}");
+        assert_eq!(counts(&server, "stopped"), Some((0, 0)), "signal {sig}");
+    }
+}
+
 /// `redsem run` killed with SIGKILL: the command gets SIGTERM (parent-death signal), and
 /// the slot frees when its lease expires.
 #[test]
