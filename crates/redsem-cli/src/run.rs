@@ -33,7 +33,9 @@ stored limit is an error). The command is looked up before waiting: a command th
 run fails at once (126, 127).
 
 The command runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to redsem are
-forwarded to that group; the permits are released as soon as the command exits. If the
+forwarded to that group (each followed by SIGCONT: a stopped command ends too); the permits
+are released as soon as the command exits. In a terminal, Ctrl-Z stops redsem with the
+command, as a shell job (`fg` continues both; while stopped, the lease is not renewed). If the
 slot is lost (a renewal found it gone: an operator released it, or Redis lost it), the
 group gets SIGTERM, then SIGKILL after --kill-after. While Redis does not confirm renewals,
 the group gets SIGTERM --kill-after before the lease could run out in Redis and SIGKILL at
@@ -198,7 +200,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
     };
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
     let terminal = Terminal::hand_to(pgid);
-    let (status, stopped) = watch(&mut child, &permit, pgid, stop, &a, &mut signals).await;
+    let (status, stopped) = watch(&mut child, &permit, &terminal, stop, &a, &mut signals).await;
     terminal.take_back();
     let status = status.map_err(|e| Failure::Other(format!("cannot wait for the command: {e}")))?;
 
@@ -440,11 +442,16 @@ async fn cannot_spawn(
 async fn watch(
     child: &mut tokio::process::Child,
     permit: &redsem::Permit,
-    pgid: i32,
+    terminal: &Terminal,
     stop: Stopping,
     a: &RunArgs,
     signals: &mut Signals,
 ) -> (std::io::Result<std::process::ExitStatus>, Option<u8>) {
+    let pgid = terminal.pgid;
+    // SIGCHLD: the command stopped (see Terminal::follow_stop); one that stopped before this
+    // listened is found by the first look
+    let mut chld = signal(SignalKind::child()).ok();
+    terminal.follow_stop();
     let mut w = Watch {
         a,
         stop,
@@ -480,6 +487,10 @@ async fn watch(
             _ = tokio::time::sleep_until(w.kill_at.unwrap_or_else(Instant::now)),
                 if w.kill_at.is_some() => w.kill(),
             sig = signals.recv() => w.forward(sig),
+            // the command stopped (Ctrl-Z) while it had the terminal: so does redsem
+            Some(()) = async { chld.as_mut()?.recv().await }, if terminal.ours.is_some() => {
+                terminal.follow_stop();
+            }
         }
     };
     (status, w.stopped)
@@ -930,39 +941,84 @@ fn die_with_parent(_cmd: &mut tokio::process::Command) {}
 /// group gets it (so that the command can read from it and gets Ctrl-C directly), and
 /// redsem takes it back when the command exits.
 struct Terminal {
+    /// The command's process group (its pid).
+    pgid: i32,
+    /// redsem's own process group, while the command's has the terminal.
     ours: Option<libc::pid_t>,
 }
 
 impl Terminal {
     fn hand_to(pgid: i32) -> Terminal {
+        let none = Terminal { pgid, ours: None };
         let stdin = std::io::stdin();
         if pgid <= 1 || !stdin.is_terminal() {
-            return Terminal { ours: None };
+            return none;
         }
         // SAFETY: plain syscalls on fd 0 and our own process group.
         unsafe {
             let ours = libc::getpgrp();
             if libc::tcgetpgrp(0) != ours {
-                return Terminal { ours: None }; // we run in the background
+                return none; // we run in the background
             }
             if libc::tcsetpgrp(0, pgid) != 0 {
-                return Terminal { ours: None };
+                return none;
             }
             // the command may have tried to read before it had the terminal, and stopped
             libc::killpg(pgid, libc::SIGCONT);
-            Terminal { ours: Some(ours) }
+            Terminal {
+                pgid,
+                ours: Some(ours),
+            }
+        }
+    }
+
+    /// Gives the terminal to the process group `to` (SIGTTOU, which a background process
+    /// changing it would get, ignored meanwhile).
+    fn give(to: libc::pid_t) {
+        // SAFETY: plain syscalls; SIGTTOU's disposition is restored afterwards.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, to);
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+
+    /// After a SIGCHLD: if the command stopped (Ctrl-Z, or it read the terminal from the
+    /// background), redsem takes the terminal back and stops its own process group with
+    /// SIGTSTP, as a shell job, so that the shell gets its prompt back (as `sudo` does).
+    /// When the shell continues it (`fg`, `bg`), the command gets the terminal again if
+    /// redsem is in the foreground, and SIGCONT. While both are stopped nothing renews the
+    /// permit: stopped longer than its lease, it is lost, and the command stopped at once
+    /// when continued.
+    fn follow_stop(&self) {
+        let Some(ours) = self.ours else { return };
+        // SAFETY: waitid on our own child (WNOHANG: it does not block; without WEXITED it
+        // does not reap it, which tokio does), then plain signal and terminal syscalls.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let stopped = libc::waitid(
+                libc::P_PID,
+                self.pgid as libc::id_t,
+                &mut info,
+                libc::WSTOPPED | libc::WNOHANG,
+            ) == 0
+                && info.si_pid() == self.pgid;
+            if !stopped {
+                return;
+            }
+            Terminal::give(ours);
+            libc::killpg(ours, libc::SIGTSTP);
+            // continued
+            if libc::tcgetpgrp(0) == ours {
+                Terminal::give(self.pgid);
+            }
+            libc::killpg(self.pgid, libc::SIGCONT);
         }
     }
 
     fn take_back(self) {
         if let Some(ours) = self.ours {
-            // SAFETY: plain syscalls; SIGTTOU is ignored around tcsetpgrp from the background
-            // and its disposition restored afterwards.
-            unsafe {
-                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(0, ours);
-                libc::signal(libc::SIGTTOU, old);
-            }
+            Terminal::give(ours);
         }
     }
 }

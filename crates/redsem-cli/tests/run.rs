@@ -1067,3 +1067,91 @@ fn a_higher_priority_runs_first() {
     );
     assert_eq!(counts(&server, "prio"), Some((0, 0)));
 }
+
+/// Ctrl-Z in an interactive shell stops `redsem run` with its command, as a shell job: the
+/// shell gets its prompt back (before, redsem ran on with the command stopped, and the
+/// terminal was wedged: even Ctrl-C went to the stopped command), `fg` continues both, and
+/// Ctrl-C then ends the command (exit 130) and frees the slot. A real terminal: `script`
+/// gives `bash -i` a pseudo-terminal, and the keys are written to it.
+#[test]
+fn ctrl_z_stops_the_run_as_a_job_and_fg_continues_it() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    let server = Server::start(Flavor::Redis);
+    let launcher = cli_command();
+    let mut line: Vec<String> = std::iter::once(launcher.get_program())
+        .chain(launcher.get_args())
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    line.extend(["run", "tz", "--limit", "1", "--", "sh", "-c"].map(String::from));
+    line.push("'while :; do echo tick; sleep 0.2; done'".into());
+    let mut shell = std::process::Command::new("script")
+        .args(["-q", "-c", "bash --norc --noprofile -i", "/dev/null"])
+        .env("REDSEM_URL", server.url())
+        .env("PS1", "prompt$ ")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script (util-linux) runs bash in a pseudo-terminal");
+    // (on a failure too: killing `script` hangs the terminal up, which ends the shell's jobs)
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // SAFETY: a plain syscall on our own child.
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _session = KillOnDrop(shell.id() as i32);
+    let out = Arc::new(Mutex::new(String::new()));
+    let mut stdout = shell.stdout.take().unwrap();
+    let sink = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let mut keys = shell.stdin.take().unwrap();
+    let mut type_keys = |k: &str| {
+        keys.write_all(k.as_bytes()).unwrap();
+        keys.flush().unwrap();
+    };
+    let ticks = |out: &Arc<Mutex<String>>| out.lock().unwrap().matches("tick\r\n").count();
+    let shown = |out: &Arc<Mutex<String>>| out.lock().unwrap().clone();
+
+    std::thread::sleep(Duration::from_millis(300));
+    type_keys(&format!("{}\n", line.join(" ")));
+    wait_until(Duration::from_secs(20), "the command ticks", || ticks(&out) >= 2);
+    type_keys("\x1a"); // Ctrl-Z
+    wait_until(Duration::from_secs(10), "the shell says the job stopped", || {
+        shown(&out).contains("Stopped")
+    });
+    type_keys("echo prompt-is-back\n");
+    wait_until(Duration::from_secs(10), "the shell's prompt", || {
+        shown(&out).contains("prompt-is-back\r\n")
+    });
+    let stopped_at = ticks(&out);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(ticks(&out), stopped_at, "the command ran on while stopped: {}", shown(&out));
+    assert_eq!(counts(&server, "tz"), Some((1, 0)), "the slot is still held");
+
+    type_keys("fg\n");
+    wait_until(Duration::from_secs(10), "the command ticks again", || {
+        ticks(&out) >= stopped_at + 2
+    });
+    type_keys("\x03"); // Ctrl-C
+    std::thread::sleep(Duration::from_millis(300));
+    type_keys("echo rc=$?\n");
+    wait_until(Duration::from_secs(10), "redsem's exit status", || {
+        shown(&out).contains("rc=130")
+    });
+    assert_eq!(counts(&server, "tz"), Some((0, 0)), "{}", shown(&out));
+    type_keys("exit\n");
+    drop(keys);
+    let _ = shell.wait();
+}
