@@ -42,13 +42,15 @@ export interface ConnectOptions {
  * Connects to Redis or Valkey. The URL chooses the deployment: `redis://[user:pass@]host:port[/db]`,
  * `unix:///path`, `redis+cluster://host:port[,host:port…]` (Redis Cluster, seeds),
  * `redis+sentinel://host:port[,…]/master-name[/db]` (the master Sentinel names, followed across
- * failovers); `rediss…` for TLS. Two connections per client whatever the number of semaphores.
+ * failovers); `rediss…` for TLS. Without one (`undefined` or `null`): `$REDSEM_URL`, else
+ * `$REDIS_URL`, else `redis://127.0.0.1:6379/` (as the CLI). Two connections per client whatever
+ * the number of semaphores.
  *
  * @throws {InvalidArgumentError} a URL that does not parse, bad options.
  * @throws {UnreachableError} no connection within `connectTimeoutMs`.
  * @throws {AuthError} wrong credentials.
  */
-export function connect(url: string, options?: ConnectOptions): Promise<Client>;
+export function connect(url?: string | null, options?: ConnectOptions): Promise<Client>;
 
 /** Options of {@link Client.semaphore}. */
 export interface SemaphoreOptions {

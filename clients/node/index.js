@@ -142,7 +142,18 @@ const SEMAPHORE_OPTIONS = [
 const ACQUIRE_OPTIONS = ['permits', 'timeoutMs', 'leaseMs', 'label', 'priority', 'maxHoldMs', 'signal'];
 const TRY_ACQUIRE_OPTIONS = ['permits', 'leaseMs', 'label', 'priority', 'maxHoldMs'];
 
+/** The URL a `connect()` without one uses: as the CLI and the Python package. */
+const DEFAULT_URL = 'redis://127.0.0.1:6379/';
+
 async function connect(url, options) {
+  if (url === undefined || url === null) {
+    url = process.env.REDSEM_URL || process.env.REDIS_URL || DEFAULT_URL;
+  } else if (typeof url !== 'string') {
+    throw new InvalidArgumentError(
+      `connect: the URL must be a string such as "redis://host:6379/", not ${typeof url}`,
+      { code: 'ERR_REDSEM_INVALID_ARGUMENT' },
+    );
+  }
   const o = checkKeys('connect', options, CONNECT_OPTIONS);
   return new Client(await call(() => native.connect(url, o)));
 }

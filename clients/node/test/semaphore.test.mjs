@@ -318,6 +318,31 @@ for (const { flavor, binary, skip } of flavors()) {
         (e) => e instanceof redsem.InvalidArgumentError && /limitPolicy/.test(e.message));
     });
 
+    test('connect() without a URL takes $REDSEM_URL, else $REDIS_URL; a URL that is no string is refused', async () => {
+      const saved = { REDSEM_URL: process.env.REDSEM_URL, REDIS_URL: process.env.REDIS_URL };
+      try {
+        delete process.env.REDSEM_URL;
+        process.env.REDIS_URL = server.url;
+        const a = await redsem.connect();
+        await a.ping();
+        await a.close();
+        process.env.REDSEM_URL = server.url;
+        process.env.REDIS_URL = 'redis://127.0.0.1:1/';
+        const b = await redsem.connect(null);
+        await b.ping();
+        await b.close();
+      } finally {
+        for (const [k, v] of Object.entries(saved)) {
+          if (v === undefined) delete process.env[k]; else process.env[k] = v;
+        }
+      }
+      await assert.rejects(redsem.connect(6379), (e) => {
+        assert.ok(e instanceof redsem.InvalidArgumentError);
+        assert.match(e.message, /must be a string such as "redis:\/\/host:6379\/", not number/);
+        return true;
+      });
+    });
+
     test('errors carry a code, the semaphore name and their fields', async () => {
       await client.semaphore('conflict', { limit: 2 });
       await assert.rejects(client.semaphore('conflict', { limit: 3 }), (e) => {

@@ -764,6 +764,22 @@ def test_the_sync_wrapper(server: Server, name: str) -> None:
         assert sem.resize(2).previous == 1
         assert c.inspect(name).limit == 2
         assert name in c.list_semaphores()
+        # the rest of the asyncio API's surface
+        assert c.prefix == "redsem" and c.id and not c.is_closed()
+        q = sem.acquire(lease=2.0)
+        assert (q.semaphore, q.lease(), q.released) == (name, 2.0, False)
+        assert sem.local_counts() == (1, 0) and sem.available_permits() == 1
+        assert q.wait_lost(timeout=0.2) is None
+        assert c.force_release(name, q.holder_id)
+        assert q.wait_lost(timeout=10) == "not_holder"
+        q.release()
+        assert q.released and q.lease() is None
+        with pytest.raises(TypeError):
+            c.semaphore(name, limt=2)  # type: ignore[call-arg]
+        assert not sem.is_closed()
+        sem.close()
+        assert sem.is_closed()
+    assert c.is_closed()
 
     # after close: a release does nothing (close released it), other calls raise Closed
     c = Client(server.url)
@@ -776,6 +792,26 @@ def test_the_sync_wrapper(server: Server, name: str) -> None:
         sem.stats()
     with pytest.raises(redsem.Closed):
         c.ping()
+
+
+def test_the_sync_api_has_every_call_of_the_asyncio_api() -> None:
+    import redsem.sync as sync
+
+    def public(cls: type) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    # what only an event loop can do: run a coroutine under a permit; the sync Client is its
+    # own from_url (it connects at once); a sync Permit's slots, fences and lost are set per
+    # instance
+    asyncio_only = {
+        redsem.Client: {"from_url"},
+        redsem.Semaphore: {"run"},
+        redsem.Permit: {"run", "slots", "fences", "lost"},
+        redsem.FencedStore: set(),
+    }
+    for cls, only in asyncio_only.items():
+        twin = getattr(sync, cls.__name__)
+        assert public(cls) - public(twin) == only, cls.__name__
 
 
 LAST_CALL_CLOSE = textwrap.dedent("""

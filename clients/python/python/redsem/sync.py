@@ -22,7 +22,7 @@ import concurrent.futures
 import threading
 import weakref
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import _client, _native
 from ._client import AcquireOptions, Fence, ForceReleased, Resized, Stats
@@ -78,9 +78,50 @@ class Client:
     def ping(self) -> None:
         self._run(self._client.ping())
 
-    def semaphore(self, name: str, **kwargs: Any) -> Semaphore:
+    @property
+    def prefix(self) -> str:
+        """The key prefix (`redsem.Client.prefix`)."""
+        return self._client.prefix
+
+    @property
+    def id(self) -> str:
+        """This client's id (`redsem.Client.id`)."""
+        return self._client.id
+
+    def is_closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._loop.is_closed() or self._client.is_closed()
+
+    def semaphore(
+        self,
+        name: str,
+        *,
+        limit: int,
+        lease: float | None = None,
+        renew_every: float | None = None,
+        fallback_poll: float | None = None,
+        local_cap: int | None = None,
+        label: str | None = None,
+        allow_evicting_policy: bool = False,
+        limit_policy: Literal["require", "adopt", "create_or_adopt", "resize"] = "require",
+    ) -> Semaphore:
         """Opens a semaphore: see `redsem.Client.semaphore` (same arguments)."""
-        return Semaphore(self, self._run(self._client.semaphore(name, **kwargs)))
+        return Semaphore(
+            self,
+            self._run(
+                self._client.semaphore(
+                    name,
+                    limit=limit,
+                    lease=lease,
+                    renew_every=renew_every,
+                    fallback_poll=fallback_poll,
+                    local_cap=local_cap,
+                    label=label,
+                    allow_evicting_policy=allow_evicting_policy,
+                    limit_policy=limit_policy,
+                )
+            ),
+        )
 
     def list_semaphores(self) -> list[str]:
         return self._run(self._client.list_semaphores())
@@ -146,6 +187,18 @@ class Semaphore:
     @property
     def limit(self) -> int:
         return self._sem.limit
+
+    def available_permits(self) -> int:
+        """`redsem.Semaphore.available_permits`: the free permits as last seen (no I/O)."""
+        return self._sem.available_permits()
+
+    def is_closed(self) -> bool:
+        """Whether `close()` was called on it (or on its client)."""
+        return self._sem.is_closed()
+
+    def local_counts(self) -> tuple[int, int]:
+        """`redsem.Semaphore.local_counts`: (holders, waiters) of this handle (no I/O)."""
+        return self._sem.local_counts()
 
     def acquire(
         self,
@@ -239,12 +292,22 @@ class Permit:
         self.lost = LostSignal(client, permit)
 
     @property
+    def semaphore(self) -> str:
+        """The semaphore's name."""
+        return self._permit.semaphore
+
+    @property
     def holder_id(self) -> str:
         return self._permit.holder_id
 
     @property
     def ticket(self) -> int:
         return self._permit.ticket
+
+    @property
+    def released(self) -> bool:
+        """Whether it was released (or detached) through this object."""
+        return self._permit.released
 
     @property
     def permits(self) -> int:
@@ -259,6 +322,20 @@ class Permit:
 
     def lease_left(self) -> float:
         return self._permit.lease_left()
+
+    def lease(self) -> float | None:
+        """The length of its lease in seconds (`None` once released)."""
+        return self._permit.lease()
+
+    def wait_lost(self, timeout: float | None = None) -> str | None:
+        """Blocks until the permit is lost and returns why, or `None` after `timeout` seconds
+        (`None`: as long as it takes)."""
+        if self._permit.is_lost() and self._permit.lost_reason is not None:
+            return self._permit.lost_reason
+        try:
+            return self._client._run(self._permit.wait_lost(), timeout)
+        except concurrent.futures.TimeoutError:
+            return None
 
     def set_lease(self, lease: float) -> None:
         self._client._run(self._permit.set_lease(lease))
