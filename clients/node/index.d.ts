@@ -104,8 +104,9 @@ export class Client {
   /**
    * Shuts down gracefully; call it before exiting. Closes every handle (pending acquires fail
    * with {@link ClosedError}), gives up held permits (lost, reason `"shutdown"`), waits for every
-   * release, then stops the background tasks. Idempotent. From then on every call of the client
-   * (`ping`, `inspect`, the other operator calls) rejects with {@link ClosedError} and sends nothing.
+   * release, then stops the background tasks and closes both connections. Idempotent. From then
+   * on every call of the client (`ping`, `inspect`, the other operator calls) and of its handles
+   * (`stats`, ...) rejects with {@link ClosedError} and sends nothing.
    */
   close(): Promise<void>;
   /** Waits until every release handed to the background (dropped permits, cancelled acquires) is done. */

@@ -570,6 +570,9 @@ for (const { flavor, binary, skip } of flavors()) {
     });
 
     test('close() gives up held permits (lost: shutdown) and refuses later calls', async () => {
+      const connected = async () => Number(
+        String(await server.cmd('INFO', 'clients')).match(/connected_clients:(\d+)/)[1]);
+      const baseline = await connected();
       const own = await redsem.connect(server.url);
       const sem = await own.semaphore('shutdown', { limit: 1 });
       const p = await sem.acquire();
@@ -587,6 +590,11 @@ for (const { flavor, binary, skip } of flavors()) {
       await assert.rejects(own.inspect('shutdown'), redsem.ClosedError);
       await assert.rejects(own.resizeExisting('shutdown', 2), redsem.ClosedError);
       await assert.rejects(own.deleteSemaphore('shutdown', { force: true }), redsem.ClosedError);
+      // and of its handles
+      await assert.rejects(sem.stats(), redsem.ClosedError);
+      // both connections are closed while the client and the handle are still referenced
+      assert.ok(await eventually(async () => (await connected()) === baseline),
+        `${await connected()} connections, ${baseline} before the client`);
       // everything was released before close() returned
       const s = await client.inspect('shutdown');
       assert.deepEqual([s.holders.length, s.waiters.length], [0, 0]);

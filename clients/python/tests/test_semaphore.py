@@ -627,12 +627,35 @@ async def test_closing_a_handle_or_the_client_ends_its_acquisitions(server: Serv
     assert err.value.semaphore == name
     assert p.lost_reason == "shutdown" and c.is_closed()
     # every later call of the closed client raises Closed (and sends nothing)
-    for call in [c.ping, lambda: c.inspect(name), lambda: c.resize_existing(name, 3), c.list_semaphores]:
+    for call in [c.ping, lambda: c.inspect(name), lambda: c.resize_existing(name, 3), c.list_semaphores,
+                 sem.stats]:
         with pytest.raises(redsem.Closed):
             await call()
     async with await redsem.connect(server.url) as other:
         st = await other.inspect(name)
         assert (st.in_use, st.waiters) == (0, [])
+
+
+async def test_close_closes_both_connections_while_the_objects_live(own_server: Server, name: str) -> None:
+    # (before, the command connection lasted until the client and its handles were collected)
+    def connected() -> int:
+        info = own_server.command("INFO", "clients")
+        assert isinstance(info, str)
+        return int(info.split("connected_clients:")[1].split()[0])
+
+    baseline = connected()
+    kept = []
+    for _ in range(10):
+        c = await redsem.connect(own_server.url)
+        sem = await c.semaphore(name, limit=2)
+        await (await sem.acquire()).release()
+        await c.close()
+        kept.append((c, sem))
+
+    async def closed() -> bool:
+        return connected() <= baseline
+
+    await until(closed)
 
 
 async def test_a_key_overwritten_by_another_program_loses_the_permit_at_once(server: Server, name: str) -> None:

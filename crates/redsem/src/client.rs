@@ -111,11 +111,13 @@ impl Client {
     ///    permits dropped earlier — so that a process that exits right after does not leave
     ///    slots or tickets behind until their leases expire;
     /// 4. it unsubscribes and stops the background tasks (releases, notifications, Sentinel
-    ///    following; each handle's heartbeat and batching task), which closes the
-    ///    notification connection; the command connection closes when the last clone of
-    ///    the client and of its handles is dropped. From then on, every call of the client
-    ///    ([`ping`](Self::ping), the operator calls such as [`inspect`](Self::inspect))
-    ///    fails with [`Error::Closed`] without sending anything.
+    ///    following; each handle's heartbeat and batching task), and closes both
+    ///    connections (the command connection once the calls in flight on it have returned;
+    ///    on Sentinel, the connection to the master closes when the last clone of the client
+    ///    and of its handles is dropped). From then on, every call of the client
+    ///    ([`ping`](Self::ping), the operator calls such as [`inspect`](Self::inspect)) and of
+    ///    its handles ([`Semaphore::stats`](crate::Semaphore::stats), ...) fails with
+    ///    [`Error::Closed`] without sending anything.
     ///
     /// Returning from `main` without it drops the releases still queued: a quick rerun then
     /// waits up to one lease for the slots of the first run. An acquisition whose script

@@ -73,7 +73,8 @@ impl FencedStore {
     }
 
     async fn call(&self, fence: Fence, write: Option<(&str, &[u8])>) -> Result<bool, Error> {
-        let mut conn = self.client.inner.conn.clone();
+        // (not a semaphore's call: a Closed error names none)
+        let mut conn = self.client.inner.conn_for("")?;
         protocol::fence(
             &mut conn,
             &self.fence_key,

@@ -268,7 +268,7 @@ impl Semaphore {
     /// [`MAX_LISTED`](crate::MAX_LISTED).
     pub async fn stats_listing(&self, listed: usize) -> Result<Stats, Error> {
         crate::stats::check_listed(listed)?;
-        let mut conn = self.handle.ctx.conn.clone();
+        let mut conn = self.handle.ctx.conn_for(self.name())?;
         let reply = protocol::stats(&mut conn, &self.handle.remote.target(), listed)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
@@ -293,7 +293,7 @@ impl Semaphore {
     /// [`Error::InvalidArgument`] for 0 or a limit above [`MAX_LIMIT`]; connection errors.
     pub async fn resize(&self, new_limit: u32) -> Result<Resized, Error> {
         crate::protocol::keys::check_limit(new_limit.into())?;
-        let mut conn = self.handle.ctx.conn.clone();
+        let mut conn = self.handle.ctx.conn_for(self.name())?;
         let reply = protocol::resize(&mut conn, &self.handle.remote.target(), new_limit)
             .await
             .map_err(|e| Error::from_call(e, self.name()))?;
@@ -317,7 +317,7 @@ impl Semaphore {
     /// [`MAX_LIMIT`] (nothing is changed; the message gives the current limit);
     /// connection and permission errors.
     pub async fn add_permits(&self, delta: i64) -> Result<Resized, Error> {
-        let mut conn = self.handle.ctx.conn.clone();
+        let mut conn = self.handle.ctx.conn_for(self.name())?;
         let reply =
             protocol::add_to_limit(&mut conn, &self.handle.remote.target(), delta, MAX_LIMIT)
                 .await
@@ -339,7 +339,7 @@ impl Semaphore {
     /// # Errors
     /// Connection and permission errors.
     pub async fn force_release(&self, holder_id: &str) -> Result<bool, Error> {
-        let mut conn = self.handle.ctx.conn.clone();
+        let mut conn = self.handle.ctx.conn_for(self.name())?;
         let counts =
             protocol::force_release(&mut conn, &self.handle.remote.target(), false, holder_id)
                 .await

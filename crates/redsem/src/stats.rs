@@ -75,10 +75,13 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// How long the head of the queue has waited, if anyone waits (and the snapshot listed
-    /// at least one waiter).
+    /// The longest wait among the waiters the snapshot listed (the first of the queue), if
+    /// anyone waits and one was listed. Without priority classes the head of the queue
+    /// waited longest of all; with them, a waiter of a lower class that higher ones overtook
+    /// may wait longer than the head: this finds it when it is among those listed (so a
+    /// listing of one, as `redsem list`'s, reports the head's wait).
     pub fn oldest_wait(&self) -> Option<Duration> {
-        self.waiters.first().map(|w| w.waited)
+        self.waiters.iter().map(|w| w.waited).max()
     }
 }
 

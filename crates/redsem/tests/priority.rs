@@ -279,3 +279,41 @@ async fn a_priority_above_the_highest_class_is_refused() {
     );
     assert_nothing_left(&server, "prio-bad").await;
 }
+
+/// `Stats::oldest_wait` is the longest wait among the waiters listed: a class-0 waiter that
+/// a later class-5 one overtook waited longer than the head (before, the head's wait was
+/// reported, and a starving lower class was hidden from `list`, `watch --alert-after` and the
+/// exporter).
+#[tokio::test]
+async fn the_oldest_wait_is_the_longest_listed_not_the_heads() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "prio-oldest", 1, LEASE).await;
+        let held = sem.acquire().await.unwrap();
+        let mut tasks = Vec::new();
+        for (i, priority) in [0u8, 5].into_iter().enumerate() {
+            let sem = sem.clone();
+            tasks.push(tokio::spawn(async move {
+                sem.acquire_with(AcquireOptions::new().priority(priority))
+                    .await
+                    .map(drop)
+            }));
+            assert!(
+                eventually(Duration::from_secs(10), || card(&server, "prio-oldest", "queue")
+                    == i as i64 + 1)
+                .await
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let st = sem.stats().await.unwrap();
+        assert_eq!(st.waiters[0].priority, 5, "{}", server.flavor());
+        let (head, older) = (st.waiters[0].waited, st.waiters[1].waited);
+        assert!(older >= head + Duration::from_millis(200), "{older:?} {head:?}");
+        assert_eq!(st.oldest_wait(), Some(older), "{}", server.flavor());
+        drop(held);
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        assert_nothing_left(&server, "prio-oldest").await;
+    }
+}

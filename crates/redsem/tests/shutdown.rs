@@ -140,12 +140,13 @@ async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing(
         };
         let baseline = connections();
         let client = client(&server).await;
+        let handle = open(&client, "kept", 3, Duration::from_secs(60)).await;
         assert_eq!(connections(), baseline + 2, "{}", server.flavor());
         client.shutdown().await;
-        // the subscriber connection is closed; the command connection lasts as long as the
-        // client's clones (and its handles')
+        // both connections are closed, while the client and a handle of it are still held
+        // (before, the command connection lasted as long as they did)
         assert!(
-            eventually(Duration::from_secs(5), || connections() == baseline + 1).await,
+            eventually(Duration::from_secs(5), || connections() == baseline).await,
             "{}: {} connections after shutdown, {baseline} before the client",
             server.flavor(),
             connections()
@@ -186,13 +187,13 @@ async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing(
             "kept",
         );
         closed("purge", client.purge_keys("kept").await.map(drop), "kept");
+        // and the calls of its handles
+        closed("stats", handle.stats().await.map(drop), "kept");
+        closed("resize", handle.resize(2).await.map(drop), "kept");
+        closed("force release", handle.force_release("x").await.map(drop), "kept");
         assert_eq!(sent(), before, "{}: commands were sent", server.flavor());
-        drop(client);
-        assert!(
-            eventually(Duration::from_secs(5), || connections() == baseline).await,
-            "{}: the command connection outlived the client",
-            server.flavor()
-        );
+        drop((client, handle));
+        assert_eq!(connections(), baseline);
         assert!(!held.is_lost());
         assert_eq!(other.inspect("kept").await.unwrap().limit, 3);
         drop(held);

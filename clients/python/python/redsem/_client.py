@@ -134,8 +134,10 @@ class Stats:
 
     @property
     def oldest_wait(self) -> float | None:
-        """How long the head of the queue has waited (seconds), if anyone waits."""
-        return self.waiters[0].waited if self.waiters else None
+        """The longest wait (seconds) among the waiters listed (the first of the queue), if
+        anyone waits: the head's without priority classes; with them, a lower class's waiter
+        that was overtaken, when it is listed (`redsem::Stats::oldest_wait`)."""
+        return max((w.waited for w in self.waiters), default=None)
 
     def to_json(self) -> dict[str, Any]:
         """The snapshot in the schema of `redsem stats --json`."""
@@ -836,9 +838,9 @@ class Client:
     async def close(self) -> None:
         """Shuts down (`redsem::Client::shutdown`): every handle is closed (pending acquires
         fail with `Closed`), held permits are declared lost (`"shutdown"`) and released, and
-        every release is waited for; later calls of the client (`ping`, `inspect`, the other
-        operator calls) raise `Closed` and send nothing. Idempotent. Call it before the
-        process exits."""
+        every release is waited for, and both connections are closed; later calls of the
+        client (`ping`, `inspect`, the other operator calls) and of its handles (`stats`, ...)
+        raise `Closed` and send nothing. Idempotent. Call it before the process exits."""
         if self._native is not None:
             await self._native.shutdown()
 

@@ -341,10 +341,7 @@ impl Backend {
                 .await?,
             ),
         };
-        Ok(Conn {
-            link,
-            scripting: Arc::new(Scripting::new(self.scripts_only)),
-        })
+        Ok(Conn::new(link, self.scripts_only))
     }
 
     /// Connects the subscriber connection, whose pushes (messages, disconnections) go to `tx`.
@@ -389,10 +386,16 @@ impl Backend {
 }
 
 /// The command connection: every script runs on it, pipelined with the others. Its clones
-/// share the link and what was learned about the server's scripting ([`Scripting`]).
+/// share the link and what was learned about the server's scripting ([`Scripting`]), and
+/// [`close`](Conn::close) closes it for all of them: the link lives in one place, and each
+/// call takes a clone of it (an `Arc`'s count) for as long as it runs.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    link: Link,
+    link: Arc<std::sync::RwLock<Option<Link>>>,
+    /// What the link is (kept outside the lock: read by every batching decision).
+    cluster: bool,
+    sentinel: Option<Arc<Sentinel>>,
+    db: i64,
     scripting: Arc<Scripting>,
 }
 
@@ -453,17 +456,17 @@ impl Scripting {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match &mut self.link {
-            Link::Standalone(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
-            Link::Sentinel(s) => {
-                let s = s.clone();
-                Box::pin(async move {
+        let link = self.link();
+        Box::pin(async move {
+            match link? {
+                Link::Standalone(mut c) => c.req_packed_command(cmd).await,
+                Link::Cluster(mut c) => c.req_packed_command(cmd).await,
+                Link::Sentinel(s) => {
                     s.request(|mut c| async move { c.req_packed_command(cmd).await })
                         .await
-                })
+                }
             }
-        }
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -472,37 +475,59 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match &mut self.link {
-            Link::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Sentinel(s) => {
-                let s = s.clone();
-                Box::pin(async move {
+        let link = self.link();
+        Box::pin(async move {
+            match link? {
+                Link::Standalone(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+                Link::Cluster(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+                Link::Sentinel(s) => {
                     s.request(|mut c| async move {
                         c.req_packed_commands(pipeline, offset, count).await
                     })
                     .await
-                })
+                }
             }
-        }
+        })
     }
 
     fn get_db(&self) -> i64 {
-        match &self.link {
-            Link::Standalone(c) => c.get_db(),
-            Link::Cluster(c) => c.get_db(),
-            Link::Sentinel(s) => s.db(),
-        }
+        self.db
     }
 }
 
 impl Conn {
+    fn new(link: Link, scripts_only: bool) -> Conn {
+        let (cluster, sentinel, db) = match &link {
+            Link::Standalone(c) => (false, None, c.get_db()),
+            Link::Cluster(c) => (true, None, c.get_db()),
+            Link::Sentinel(s) => (false, Some(s.clone()), s.db()),
+        };
+        Conn {
+            link: Arc::new(std::sync::RwLock::new(Some(link))),
+            cluster,
+            sentinel,
+            db,
+            scripting: Arc::new(Scripting::new(scripts_only)),
+        }
+    }
+
+    /// The link, for one call; an error once [`close`](Self::close)d.
+    fn link(&self) -> RedisResult<Link> {
+        let link = self.link.read().unwrap_or_else(|e| e.into_inner());
+        link.clone().ok_or_else(shut_down)
+    }
+
+    /// Closes the connection for every clone (at the client's shutdown): the link is dropped
+    /// here, and closes once the calls in flight, which hold it, have returned; every later
+    /// call fails at once.
+    pub(crate) fn close(&self) {
+        let link = self.link.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(link);
+    }
+
     /// The Sentinel that names this connection's master, if it follows one.
     pub(crate) fn sentinel(&self) -> Option<&Arc<Sentinel>> {
-        match &self.link {
-            Link::Sentinel(s) => Some(s),
-            _ => None,
-        }
+        self.sentinel.as_ref()
     }
 
     /// How scripts run on this connection (shared by its clones).
@@ -512,8 +537,8 @@ impl Conn {
 
     /// `SCAN MATCH pattern` over every master (one page at a time per master), deduplicated.
     pub(crate) async fn scan_match(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
-        let mut out = match &mut self.link {
-            Link::Cluster(c) => cluster::scan_masters(c, pattern).await?,
+        let mut out = match self.link()? {
+            Link::Cluster(mut c) => cluster::scan_masters(&mut c, pattern).await?,
             _ => {
                 let mut out = Vec::new();
                 let mut cursor: u64 = 0;
@@ -540,9 +565,10 @@ impl Conn {
     /// one server (or the current Sentinel master), those of one hash slot on a cluster (a
     /// script's keys must share a slot there).
     pub(crate) fn node_of(&self, key: &str) -> Node {
-        match &self.link {
-            Link::Cluster(_) => Node::Slot(Slot::for_key(key)),
-            _ => Node::Single,
+        if self.cluster {
+            Node::Slot(Slot::for_key(key))
+        } else {
+            Node::Single
         }
     }
 
@@ -552,8 +578,8 @@ impl Conn {
         key: &str,
         pipeline: &Pipeline,
     ) -> RedisResult<Vec<Value>> {
-        match &mut self.link {
-            Link::Cluster(c) => cluster::pipeline_on_key(c, key, pipeline).await,
+        match self.link()? {
+            Link::Cluster(mut c) => cluster::pipeline_on_key(&mut c, key, pipeline).await,
             _ => pipeline.query_async(self).await,
         }
     }
@@ -605,10 +631,11 @@ impl SubConn {
     }
 }
 
-/// The error of a call on the subscriber connection of a client that was shut down.
+/// The error of a call on a connection of a client that was shut down (its callers say
+/// [`Error::Closed`] before they get there).
 fn shut_down() -> redis::RedisError {
     redis::RedisError::from((
         redis::ErrorKind::Client,
-        "the client was shut down: its subscriber connection is closed",
+        "the client was shut down: its connections are closed",
     ))
 }

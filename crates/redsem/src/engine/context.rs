@@ -148,8 +148,9 @@ impl Context {
 
     /// Shuts every handle down, waits until the releaser has performed every release handed
     /// to it (the handles' and those queued before), then stops the releaser and the
-    /// notifier's tasks and closes the subscriber connection. Idempotent: a second call only
-    /// waits for the releaser.
+    /// notifier's tasks and closes both connections (the command connection once the calls in
+    /// flight on it have returned: every later call fails with [`Error::Closed`]). Idempotent:
+    /// a second call only waits for the releaser.
     pub(crate) async fn shutdown(&self) {
         let members = {
             let mut members = self.members.lock().unwrap();
@@ -163,6 +164,7 @@ impl Context {
         self.releaser.send(Job::Stop);
         self.stop.cancel();
         self.notifier.close();
+        self.conn.close();
     }
 
     /// A fresh channel id for one opened semaphore handle
