@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -438,6 +441,31 @@ async def test_a_holder_that_cannot_reach_redis_stops_by_its_local_deadline(own_
         assert time.monotonic() - paused < 3.5
         assert err.value.reason == "unreachable" == p.lost_reason
         own_server.command("CLIENT", "UNPAUSE")
+
+
+async def test_a_release_that_fails_on_leaving_a_block_does_not_hide_its_exception(own_server: Server, name: str) -> None:
+    # Redis gone while holding: leaving the block with an exception raises that exception,
+    # not the release's Unreachable (the release is left to the background)
+    c = await redsem.connect(own_server.url, connect_timeout=1, response_timeout=1)
+    sem = await c.semaphore(name, limit=1, lease=30.0)
+    with pytest.raises(ValueError, match="the block's own"):
+        async with sem.acquire(cancel_on_loss=False):
+            own_server.stop()
+            raise ValueError("the block's own")
+    # a coroutine given to run() is closed unrun when no permit comes
+
+    async def work() -> None:
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(redsem.RedsemError):
+            await sem.run(work(), timeout=0.5)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    # (close() would try the background release for several seconds: Redis is gone)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(c.close(), 0.5)
 
 
 HOLDER = textwrap.dedent("""

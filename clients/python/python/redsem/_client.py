@@ -9,6 +9,7 @@ safety the Rust crate documents (a cancelled `acquire` gives its ticket up, a ca
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import operator
 import os
@@ -381,8 +382,28 @@ class Permit:
     async def __aenter__(self) -> Permit:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.release()
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._release_on_exit(exc)
+
+    async def _release_on_exit(self, exc: BaseException | None) -> None:
+        """Leaving a block: a lost permit is released in the background (nothing to wait
+        for: Redis may be unreachable, as the Rust `Permit::run`); with an exception in
+        flight, a release that fails is left to the background too (where a failed release
+        goes anyway), so that it does not hide the block's exception; else `release()`."""
+        if self._native.is_lost():
+            self._native.release_nowait()
+        elif exc is not None:
+            try:
+                await self.release()
+            except Exception:
+                self._native.release_nowait()
+        else:
+            await self.release()
 
     def __repr__(self) -> str:
         return (
@@ -467,7 +488,7 @@ class AcquireContext(Coroutine[Any, Any, Permit]):
                 # background), not waited for: Redis may be unreachable.
                 permit._native.release_nowait()
             else:
-                await permit.release()
+                await permit._release_on_exit(exc)
         if cancelled_by_loss and permit is not None:
             if task is not None:
                 task.uncancel()
@@ -566,8 +587,14 @@ class Semaphore:
         return AcquireContext(start, cancel_on_loss)
 
     async def run(self, coro: Awaitable[T], *, timeout: float | None = None) -> T:
-        """Acquires one permit, runs `coro` under it (see `Permit.run`) and releases it."""
-        permit = await self.acquire(timeout=timeout)
+        """Acquires one permit, runs `coro` under it (see `Permit.run`) and releases it.
+        If no permit comes (a timeout, an error), `coro` is closed unrun."""
+        try:
+            permit = await self.acquire(timeout=timeout)
+        except BaseException:
+            if inspect.iscoroutine(coro):
+                coro.close()
+            raise
         return await permit.run(coro)
 
     async def stats(self, listed: int = _native.STATS_LISTED) -> Stats:

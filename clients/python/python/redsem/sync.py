@@ -357,8 +357,12 @@ class Permit:
     def __enter__(self) -> Permit:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Releases, as `redsem.Permit`'s `async with` does: a lost permit in the background,
+        and a failed release does not hide the block's exception."""
+        if self._client._loop.is_closed():
+            return
+        self._client._run(self._permit._release_on_exit(exc))
 
     def __repr__(self) -> str:
         return repr(self._permit)
