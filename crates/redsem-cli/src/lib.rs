@@ -448,7 +448,8 @@ pub struct DeleteArgs {
     pub name: String,
     /// Delete even while permits are held or requests queued: holders lose their permits at
     /// their next renewal (a `redsem run` command is then terminated, exit 75), waiters queue
-    /// again (re-creating the semaphore, with their own limit). Refused when a key under the
+    /// again (re-creating the semaphore with the limit their handle uses: for a `redsem run`,
+    /// the stored limit it found when it started). Refused when a key under the
     /// semaphore's names holds another program's data ("not a redsem semaphore").
     #[arg(long)]
     pub force: bool,

@@ -272,11 +272,11 @@ pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
     };
     let (old, new) = (resized.previous, resized.limit);
     let note = if new < old {
-        " (holders above the new limit finish first; nobody is admitted until usage is below it)"
+        format!(" (holders keep their permits: nobody is admitted until fewer than {new} are in use)")
     } else if new > old {
-        " (waiters admitted at once)"
+        " (waiters admitted at once)".to_owned()
     } else {
-        ""
+        String::new()
     };
     out!("semaphore {:?}: limit {old} -> {new}{note}\n", a.name);
     if !resized.rejected.is_empty() {

@@ -194,6 +194,33 @@ async fn a_key_holding_another_type_is_a_wrong_type_error() {
 
 const KEYS: [&str; 7] = ["cfg", "queue", "exp", "meta", "slots", "free", "own"];
 
+/// A snapshot (`stats`, read-only) of a semaphore one of whose keys holds another type fails
+/// with `WrongType`, as the next acquire does, whichever key it is (before, `own` and `free`,
+/// which a snapshot does not always read, went unnoticed: `stats` and `list` showed a
+/// healthy semaphore that nobody could acquire).
+#[tokio::test]
+async fn a_snapshot_reports_any_key_overwritten_with_another_type() {
+    for server in servers() {
+        let client = client(&server).await;
+        for key in &KEYS[1..] {
+            let name = format!("snap-{key}");
+            let sem = open(&client, &name, 2, Duration::from_secs(5)).await;
+            drop(sem.acquire().await.unwrap());
+            let full = format!("redsem:{{{name}}}:{key}");
+            server.cmd(&["DEL", &full]);
+            server.cmd(&["SET", &full, "another program's"]);
+            let err = sem.stats().await.unwrap_err();
+            assert!(
+                matches!(&err, Error::WrongType { .. }),
+                "{} {key}: {err:?}",
+                server.flavor()
+            );
+            let err = client.inspect(&name).await.unwrap_err();
+            assert!(matches!(&err, Error::WrongType { .. }), "{key}: {err:?}");
+        }
+    }
+}
+
 /// Another program's hash at a semaphore's configuration key is "not a redsem semaphore": not
 /// misread as protocol version 1 (`limit banana`), not adopted (other fields), and not
 /// deleted by a forced delete; only `purge_keys` removes it. A configuration of protocol 1

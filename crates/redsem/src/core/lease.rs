@@ -40,7 +40,7 @@ pub(crate) fn deadline_after(confirmed: Instant, lease: Duration) -> Instant {
 pub(crate) fn min_lease_message(lease: Duration) -> String {
     format!(
         "lease {lease:?} is shorter than the minimum of {MIN_LEASE:?} (redsem::MIN_LEASE): a \
-         lease renewed every third of it leaves a shorter one too little time for round trips \
+         lease renewed every third of it (or more often) leaves a shorter one too little time for round trips \
          and scheduling delays, and its permits would be lost to an ordinary delay"
     )
 }

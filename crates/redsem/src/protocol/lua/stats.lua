@@ -22,6 +22,9 @@ local now = now_ms()
 local cfg = redis.call('HMGET', K_CFG, 'limit', 'ver', 'grants', 'expired', 'repairs')
 check_ours(cfg[1], cfg[2])
 if cfg[1] then check_version(cfg[2]) end
+-- (the keys the snapshot does not always read: one overwritten with another type fails it
+-- with WRONGTYPE, as it fails the next acquire; the others are read below)
+check_zset(K_OWN); check_zset(K_FREE)
 local limit = tonumber(cfg[1] or A[1])
 local max = tonumber(A[4] or '100')
 local from = tonumber(A[5] or '0')
