@@ -385,7 +385,8 @@ pub struct WatchArgs {
     /// limit stay queued for longer than this (both counted from when Redis queued them).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub alert_after: Duration,
-    /// Stop after this many refreshes, at least 1 (default: until interrupted).
+    /// Stop after this many refreshes, at least 1 (default: until interrupted); the exit
+    /// status is then 125 if the last refresh failed (Redis unreachable), else 0.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
 }

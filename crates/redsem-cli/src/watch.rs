@@ -181,6 +181,8 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
     let mut watcher = Watcher::default();
     let mut next = Instant::now();
     let mut shown = 0u64;
+    // whether the last refresh failed: then the exit status after --iterations is 125
+    let mut failing = false;
     loop {
         let now = Instant::now();
         let snapshot = match first.take() {
@@ -194,6 +196,7 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
             fmt_dur(a.interval),
             if tty { " (Ctrl-C to quit)" } else { "" }
         );
+        failing = snapshot.is_err();
         match snapshot {
             Ok(s) => {
                 let _ = writeln!(frame, "{head} at {}\n", fmt_clock(s.server_time_ms));
@@ -202,7 +205,7 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
             Err(e @ redsem::Error::UnknownSemaphore { .. }) => return Err(e.into()),
             Err(e) => {
                 // keep watching through a Redis restart
-                let _ = writeln!(frame, "{head}\n\nerror: {}; retrying", common::describe(&e));
+                let _ = writeln!(frame, "{head}\n\nredsem: error: {}; retrying", common::describe(&e));
             }
         }
         let mut stdout = std::io::stdout().lock();
@@ -217,7 +220,7 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
         drop(stdout);
         shown += 1;
         if a.iterations.is_some_and(|n| shown >= n) {
-            return Ok(0);
+            return Ok(if failing { common::EXIT_ERROR } else { 0 });
         }
         next += a.interval;
         let now = Instant::now();

@@ -457,6 +457,30 @@ fn a_foreign_hash_is_not_a_semaphore_and_delete_leaves_it_unless_told() {
     );
 }
 
+/// `watch --iterations N` whose last refresh failed (Redis gone) exits 125, not 0, and its
+/// error lines are redsem's (`redsem: error: ...`); it keeps watching meanwhile.
+#[test]
+fn watch_exits_125_when_its_last_refresh_failed() {
+    let mut server = Server::start(Flavor::Redis);
+    let out = run(redsem(&server).args(["run", "gone", "--limit", "1", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let mut w = Background::spawn(
+        redsem(&server)
+            .args(["watch", "gone", "--interval", "1s", "--iterations", "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    server.kill();
+    let (rc, err) = w.finish(Duration::from_secs(30));
+    let mut text = String::new();
+    let mut stdout = w.0.as_mut().unwrap().stdout.take().unwrap();
+    std::io::Read::read_to_string(&mut stdout, &mut text).unwrap();
+    assert_eq!(rc, 125, "{err}\n{text}");
+    assert_eq!(text.matches("redsem watch \"gone\"").count(), 3, "{text}");
+    assert!(text.contains("redsem: error: "), "{text}");
+}
+
 /// `watch` without a terminal prints one block per refresh, with the alerts.
 #[test]
 fn watch_prints_blocks_and_alerts() {
