@@ -161,7 +161,7 @@ export class Client {
 export interface AcquireOptions {
   /** Permits to take at once (default 1), granted together in FIFO order. */
   permits?: number;
-  /** Give up after this long with {@link TimeoutError}, leaving the queue (default: no limit). */
+  /** Give up after this long with {@link TimeoutError}, leaving the queue (default, or `Infinity`: no limit). */
   timeoutMs?: number;
   /** This holder's lease (default the handle's; at least three renewal intervals). */
   leaseMs?: number;

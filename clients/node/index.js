@@ -108,7 +108,18 @@ async function call(f) {
   }
 }
 
-/** InvalidArgumentError for keys of an options object that the call does not know. */
+/** The options that take a number (the others take a string, a boolean or an AbortSignal). */
+const NUMBERS = new Set([
+  'permits', 'timeoutMs', 'leaseMs', 'priority', 'maxHoldMs', 'limit', 'renewEveryMs',
+  'fallbackPollMs', 'localCap', 'connectTimeoutMs', 'responseTimeoutMs', 'syncedReplicas',
+  'syncedTimeoutMs',
+]);
+
+/**
+ * InvalidArgumentError for keys of an options object that the call does not know, and for a
+ * number option given something else (which napi would report in its own words); a
+ * `timeoutMs` of `Infinity` is no timeout. The ranges are the library's to check.
+ */
 function checkKeys(what, options, known) {
   if (options === undefined || options === null) return {};
   if (typeof options !== 'object') {
@@ -124,7 +135,15 @@ function checkKeys(what, options, known) {
         { code: 'ERR_REDSEM_INVALID_ARGUMENT' },
       );
     }
-    if (v !== undefined && v !== null) out[k] = v;
+    if (v === undefined || v === null) continue;
+    if (NUMBERS.has(k) && (typeof v !== 'number' || Number.isNaN(v))) {
+      throw new InvalidArgumentError(
+        `${what}: options.${k} must be a number, not ${Number.isNaN(v) ? 'NaN' : typeof v}`,
+        { code: 'ERR_REDSEM_INVALID_ARGUMENT' },
+      );
+    }
+    if (k === 'timeoutMs' && v === Infinity) continue;
+    out[k] = v;
   }
   return out;
 }

@@ -362,6 +362,18 @@ for (const { flavor, binary, skip } of flavors()) {
           return true;
         });
       }
+      // a number option given something else names the option (not napi's conversion words)
+      await assert.rejects(client.semaphore('bad', { limit: '2' }), (e) =>
+        e instanceof redsem.InvalidArgumentError &&
+        e.message === 'semaphore: options.limit must be a number, not string');
+      const typed = await client.semaphore('typed', { limit: 1 });
+      await assert.rejects(typed.acquire({ permits: '2' }), (e) =>
+        e instanceof redsem.InvalidArgumentError &&
+        e.message === 'acquire: options.permits must be a number, not string');
+      await assert.rejects(typed.tryAcquire({ leaseMs: NaN }), (e) =>
+        e instanceof redsem.InvalidArgumentError && /options.leaseMs must be a number, not NaN/.test(e.message));
+      // timeoutMs: Infinity is no timeout
+      await (await typed.acquire({ timeoutMs: Infinity })).release();
       // one wording for the limit's range on every path (the library's), negatives included
       for (const limit of [0, -3, 100001]) {
         await assert.rejects(client.semaphore('bad', { limit }), (e) =>

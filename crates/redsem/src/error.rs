@@ -238,7 +238,7 @@ pub enum Error {
     /// semaphore has live holders or waiters. Wait until they are done, or delete with
     /// `force` (CLI: `--force`) to evict them.
     #[error(
-        "semaphore {n} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (--force) to evict them", n = display_name(.name))]
+        "semaphore {n} is in use ({holders} holder(s), {waiters} waiter(s)): wait until they are done, or delete with force (`--force`, `force: true`) to evict them", n = display_name(.name))]
     #[non_exhaustive]
     InUse {
         /// The semaphore's name.
@@ -568,10 +568,11 @@ const SHOWN_NAME_CHARS: usize = 60;
 /// [`Error::Closed`]'s message.
 fn closed_message(name: &str) -> String {
     if name.is_empty() {
-        "the client was shut down (Client::shutdown): connect a new one".to_owned()
+        "the client was shut down (its shutdown or close): connect a new one".to_owned()
     } else {
         format!(
-            "semaphore {} was closed (Semaphore::close or Client::shutdown)",
+            "semaphore {} was closed (its handle's close, or its client's shutdown): open it \
+             again on a live client",
             display_name(name)
         )
     }

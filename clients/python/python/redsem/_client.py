@@ -567,7 +567,8 @@ class Semaphore:
     def acquire_with(self, options: AcquireOptions, *, cancel_on_loss: bool = True) -> AcquireContext:
         """`acquire` with every per-acquisition option (`redsem::Semaphore::acquire_with`)."""
         sem = self._native
-        permits = _whole("permits", options.permits, lo=0, hi=_U32 - 1)
+        # (0 too is refused here, at the call, as -1 is: not when the acquisition is awaited)
+        permits = _whole("permits", options.permits, lo=1, hi=_U32 - 1)
         priority = _whole("priority", options.priority)
         lease = _seconds("lease", options.lease)
         timeout = _seconds("timeout", options.timeout)
