@@ -626,7 +626,7 @@ impl Semaphore {
     }
 
     /// `acquire` (`tryOnly` false) or `tryAcquire` (true), cancelled by `cancel`. Takes its
-    /// place in the queue before it returns ([`start`]): two calls queue in call order.
+    /// place in the queue before it returns (`start`): two calls queue in call order.
     #[napi(ts_return_type = "Promise<Permit>")]
     pub fn acquire<'env>(
         &self,

@@ -181,8 +181,6 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
     let mut watcher = Watcher::default();
     let mut next = Instant::now();
     let mut shown = 0u64;
-    // whether the last refresh failed: then the exit status after --iterations is 125
-    let mut failing = false;
     loop {
         let now = Instant::now();
         let snapshot = match first.take() {
@@ -196,7 +194,8 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
             fmt_dur(a.interval),
             if tty { " (Ctrl-C to quit)" } else { "" }
         );
-        failing = snapshot.is_err();
+        // the last refresh failed: the exit status after --iterations is then 125
+        let failing = snapshot.is_err();
         match snapshot {
             Ok(s) => {
                 let _ = writeln!(frame, "{head} at {}\n", fmt_clock(s.server_time_ms));
