@@ -212,9 +212,7 @@ pub async fn list(g: &Global, a: ListArgs) -> Result<u8, Failure> {
     }
     // an incomplete listing is not a success: a script must not take it for the whole
     let status = if skipped > 0 {
-        say!(
-            "redsem: {skipped} semaphore(s) could not be read (above): the listing is incomplete"
-        );
+        say!("redsem: {skipped} semaphore(s) could not be read (above): the listing is incomplete");
         common::EXIT_ERROR
     } else {
         0
@@ -272,7 +270,9 @@ pub async fn limit(g: &Global, a: LimitArgs) -> Result<u8, Failure> {
     };
     let (old, new) = (resized.previous, resized.limit);
     let note = if new < old {
-        format!(" (holders keep their permits: nobody is admitted until fewer than {new} are in use)")
+        format!(
+            " (holders keep their permits: nobody is admitted until fewer than {new} are in use)"
+        )
     } else if new > old {
         " (waiters admitted at once)".to_owned()
     } else {

@@ -204,7 +204,11 @@ pub async fn watch(g: &Global, a: WatchArgs) -> Result<u8, Failure> {
             Err(e @ redsem::Error::UnknownSemaphore { .. }) => return Err(e.into()),
             Err(e) => {
                 // keep watching through a Redis restart
-                let _ = writeln!(frame, "{head}\n\nredsem: error: {}; retrying", common::describe(&e));
+                let _ = writeln!(
+                    frame,
+                    "{head}\n\nredsem: error: {}; retrying",
+                    common::describe(&e)
+                );
             }
         }
         let mut stdout = std::io::stdout().lock();

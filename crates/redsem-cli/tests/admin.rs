@@ -434,10 +434,15 @@ fn a_foreign_hash_is_not_a_semaphore_and_delete_leaves_it_unless_told() {
         let out = run(redsem(&server).args(args));
         let (text, err) = (stdout(&out), stderr(&out));
         assert_eq!(code(&out), 125, "{args:?}: {err}");
-        assert!(text.contains("real") && !text.contains("fruit"), "{args:?}: {text}");
+        assert!(
+            text.contains("real") && !text.contains("fruit"),
+            "{args:?}: {text}"
+        );
         assert!(
             err.contains("skipping \"fruit\"")
-                && err.contains("2 semaphore(s) could not be read (above): the listing is incomplete"),
+                && err.contains(
+                    "2 semaphore(s) could not be read (above): the listing is incomplete"
+                ),
             "{args:?}: {err}"
         );
     }

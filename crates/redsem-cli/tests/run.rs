@@ -572,7 +572,9 @@ fn a_stopped_command_still_ends_on_a_forwarded_signal() {
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         let mut r = Background::spawn(
             redsem(&server)
-                .args(["run", "--name", "stopped", "--limit", "1", "--lease", "30s", "--"])
+                .args([
+                    "run", "--name", "stopped", "--limit", "1", "--lease", "30s", "--",
+                ])
                 .args(["sh", "-c", r#"echo $$ > "$DIR/sleep.pid"; exec sleep 60"#])
                 .env("DIR", dir.path())
                 .stderr(Stdio::piped()),
@@ -582,8 +584,11 @@ fn a_stopped_command_still_ends_on_a_forwarded_signal() {
         // SAFETY: a plain syscall on the command's pid.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         wait_until(Duration::from_secs(10), "the command stopped", || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')))
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('T'))
+            })
         });
         r.signal(sig);
         let (rc, err) = r.finish(Duration::from_secs(10));
@@ -1113,7 +1118,9 @@ fn ctrl_z_stops_the_run_as_a_job_and_fg_continues_it() {
             if n == 0 {
                 break;
             }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
     let mut keys = shell.stdin.take().unwrap();
@@ -1126,19 +1133,32 @@ fn ctrl_z_stops_the_run_as_a_job_and_fg_continues_it() {
 
     std::thread::sleep(Duration::from_millis(300));
     type_keys(&format!("{}\n", line.join(" ")));
-    wait_until(Duration::from_secs(20), "the command ticks", || ticks(&out) >= 2);
-    type_keys("\x1a"); // Ctrl-Z
-    wait_until(Duration::from_secs(10), "the shell says the job stopped", || {
-        shown(&out).contains("Stopped")
+    wait_until(Duration::from_secs(20), "the command ticks", || {
+        ticks(&out) >= 2
     });
+    type_keys("\x1a"); // Ctrl-Z
+    wait_until(
+        Duration::from_secs(10),
+        "the shell says the job stopped",
+        || shown(&out).contains("Stopped"),
+    );
     type_keys("echo prompt-is-back\n");
     wait_until(Duration::from_secs(10), "the shell's prompt", || {
         shown(&out).contains("prompt-is-back\r\n")
     });
     let stopped_at = ticks(&out);
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(ticks(&out), stopped_at, "the command ran on while stopped: {}", shown(&out));
-    assert_eq!(counts(&server, "tz"), Some((1, 0)), "the slot is still held");
+    assert_eq!(
+        ticks(&out),
+        stopped_at,
+        "the command ran on while stopped: {}",
+        shown(&out)
+    );
+    assert_eq!(
+        counts(&server, "tz"),
+        Some((1, 0)),
+        "the slot is still held"
+    );
 
     type_keys("fg\n");
     wait_until(Duration::from_secs(10), "the command ticks again", || {

@@ -527,10 +527,7 @@ async fn a_shard_subscription_dropped_with_its_connection_is_made_again() {
         // the server drops the subscriber's connection to this master (and so its
         // subscription); the client hears of it only if it looks
         assert!(
-            master
-                .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
-                .as_int()
-                >= Some(1),
+            master.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int() >= Some(1),
             "{flavor}: no subscriber connection to kill"
         );
         assert!(!subscribed(), "{flavor}");

@@ -299,8 +299,11 @@ async fn the_oldest_wait_is_the_longest_listed_not_the_heads() {
                     .map(drop)
             }));
             assert!(
-                eventually(Duration::from_secs(10), || card(&server, "prio-oldest", "queue")
-                    == i as i64 + 1)
+                eventually(Duration::from_secs(10), || card(
+                    &server,
+                    "prio-oldest",
+                    "queue"
+                ) == i as i64 + 1)
                 .await
             );
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -308,7 +311,10 @@ async fn the_oldest_wait_is_the_longest_listed_not_the_heads() {
         let st = sem.stats().await.unwrap();
         assert_eq!(st.waiters[0].priority, 5, "{}", server.flavor());
         let (head, older) = (st.waiters[0].waited, st.waiters[1].waited);
-        assert!(older >= head + Duration::from_millis(200), "{older:?} {head:?}");
+        assert!(
+            older >= head + Duration::from_millis(200),
+            "{older:?} {head:?}"
+        );
         assert_eq!(st.oldest_wait(), Some(older), "{}", server.flavor());
         drop(held);
         for t in tasks {

@@ -190,7 +190,11 @@ async fn after_shutdown_every_call_of_the_client_fails_closed_and_sends_nothing(
         // and the calls of its handles
         closed("stats", handle.stats().await.map(drop), "kept");
         closed("resize", handle.resize(2).await.map(drop), "kept");
-        closed("force release", handle.force_release("x").await.map(drop), "kept");
+        closed(
+            "force release",
+            handle.force_release("x").await.map(drop),
+            "kept",
+        );
         assert_eq!(sent(), before, "{}: commands were sent", server.flavor());
         drop((client, handle));
         assert_eq!(connections(), baseline);
