@@ -13,6 +13,7 @@ import inspect
 import json
 import operator
 import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -355,10 +356,8 @@ class Permit:
             lost.cancel()
             if not work.done():
                 work.cancel()
-            if self.lost.is_set():
-                self._native.release_nowait()  # as the Rust `Permit::run`: no wait on loss
-            else:
-                await self.release()
+            # (the exception in flight, if any: the work's, or the loss's LeaseLost)
+            await self._release_on_exit(sys.exc_info()[1])
 
     async def release(self) -> None:
         """Releases now and waits for Redis to confirm (releases made meanwhile share one
@@ -483,12 +482,8 @@ class AcquireContext(Coroutine[Any, Any, Permit]):
             else:
                 watch.cancel()
         if permit is not None:
-            if cancelled_by_loss:
-                # As the Rust `Permit::run`: a lost permit is dropped (released in the
-                # background), not waited for: Redis may be unreachable.
-                permit._native.release_nowait()
-            else:
-                await permit._release_on_exit(exc)
+            # (cancelled by the loss: the permit is lost, released in the background)
+            await permit._release_on_exit(exc)
         if cancelled_by_loss and permit is not None:
             if task is not None:
                 task.uncancel()
