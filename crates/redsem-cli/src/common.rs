@@ -268,15 +268,14 @@ pub fn parse_priority(s: &str) -> Result<u8, String> {
     }
 }
 
-/// A label given on the command line: one line of printable text (the library refuses control
-/// characters; checking here names the option and costs no connection).
+/// A label given on the command line, checked by the library's rule (`redsem::check_label`:
+/// one line of printable text, at most 200 bytes) here, which names the option and costs no
+/// connection.
 pub fn parse_label(s: &str) -> Result<String, String> {
-    match s.chars().find(|c| c.is_control()) {
-        Some(c) => Err(format!(
-            "{} contains the control character {c:?}: a label is one line of printable text",
-            redsem::display_name(s)
-        )),
-        None => Ok(s.to_owned()),
+    match redsem::check_label(s) {
+        Err(redsem::Error::InvalidArgument(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+        Ok(()) => Ok(s.to_owned()),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Global {
     // as an intra-doc link.
     #[arg(
         long = "redis-url",
+        // (`--url`, which newcomers try first, works too)
+        alias = "url",
         help = "Redis URL: redis://[user:password@]host:port[/db], unix:///path/to/redis.sock \
                 (or a bare /path/to/redis.sock), redis+cluster://host:port[,host:port...] \
                 (Redis Cluster), redis+sentinel://host:port[,host:port...]/master-name \
@@ -268,7 +270,8 @@ pub struct RunArgs {
     )]
     pub conflict_exit_code: u8,
 
-    /// Label shown to operators in `stats` and `watch` (default: host:pid and the command).
+    /// Label shown to operators in `stats` and `watch`: one line of printable text, at most 200
+    /// bytes (default: host:pid and the command).
     #[arg(long, env = "REDSEM_LABEL", value_name = "TEXT", value_parser = common::parse_label)]
     pub label: Option<String>,
 

@@ -760,7 +760,7 @@ async fn open(
         .semaphore(name, limit)
         .lease(a.lease)
         .renew_every(stop.renew_every)
-        .label(common::truncate(label, 200))
+        .label(label)
         .allow_evicting_policy(a.allow_evicting_policy)
         .limit_policy(policy)
         .open()

@@ -232,6 +232,13 @@ fn environment_variables_configure_run() {
     ]));
     assert_eq!(code(&out), 0, "--redis-url beats both: {}", stderr(&out));
     assert!(stdout(&out).contains("env"), "{}", stdout(&out));
+    // (`--url`, what a newcomer tries first, is the same option)
+    let out =
+        run(redsem_at(&nowhere)
+            .env("REDSEM_URL", &nowhere)
+            .args(["list", "--url", &server.url()]));
+    assert_eq!(code(&out), 0, "--url is --redis-url: {}", stderr(&out));
+    assert!(stdout(&out).contains("env"), "{}", stdout(&out));
 
     let _holder = Background::spawn(
         redsem(&server)
@@ -409,6 +416,19 @@ fn bad_values_are_refused_in_one_wording_that_names_their_source() {
     refused(
         redsem(&server).args(["run", "v", "--limit", "2", "--label", "a\nb", "--", "true"]),
         r#""a\nb" contains the control character '\n'"#,
+    );
+    refused(
+        redsem(&server).args([
+            "run",
+            "v",
+            "--limit",
+            "2",
+            "--label",
+            &"x".repeat(201),
+            "--",
+            "true",
+        ]),
+        "label is 201 bytes long; the maximum is 200",
     );
     refused(
         redsem(&server)

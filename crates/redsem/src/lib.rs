@@ -140,7 +140,7 @@ pub use client::{Client, ClientBuilder, DEFAULT_PREFIX};
 pub use error::display_name;
 pub use error::{BackendError, Error, LostReason, NoPermitsReason};
 pub use handoff::HandoffToken;
-pub use options::{AcquireOptions, MAX_DURATION, MAX_PRIORITY};
+pub use options::{AcquireOptions, MAX_DURATION, MAX_PRIORITY, check_label};
 pub use permit::{Fence, Permit};
 #[doc(hidden)]
 pub use protocol::keys::Keys;

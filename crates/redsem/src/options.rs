@@ -287,10 +287,16 @@ fn check_max_hold(max_hold: Duration) -> Result<(), Error> {
     check_duration("max_hold", max_hold)
 }
 
+/// Checks a label as [`SemaphoreBuilder::label`](crate::SemaphoreBuilder::label) and
+/// [`AcquireOptions::label`] do, so that a program can refuse bad input before it connects
+/// (the CLI checks `--label` with it). Costs nothing: no I/O.
+///
+/// # Errors
+///
 /// [`Error::InvalidArgument`] for a label longer than 200 bytes, or one with a control
 /// character (a newline, a tab, an escape sequence), which would garble what `stats`,
 /// `watch` and logs show.
-pub(crate) fn check_label(label: &str) -> Result<(), Error> {
+pub fn check_label(label: &str) -> Result<(), Error> {
     if let Some(c) = label.chars().find(|c| c.is_control()) {
         return Err(Error::InvalidArgument(format!(
             "label {} contains the control character {c:?}: a label is one line of \
