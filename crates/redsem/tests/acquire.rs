@@ -513,3 +513,38 @@ async fn a_shrink_rejects_the_larger_requests_and_says_which() {
         assert_nothing_left(&server, "shrunk").await;
     }
 }
+
+/// Grants and releases of thousands of permits at once (beyond what one Lua `unpack` takes,
+/// about 8,000 values): every permit of the largest limit at once, and a queued request for
+/// 5,000 that a release grants; each is granted whole, and released leaves nothing.
+#[tokio::test]
+async fn thousands_of_permits_are_granted_and_released_in_one_request() {
+    for server in servers() {
+        let client = client(&server).await;
+        let all = redsem::MAX_LIMIT;
+        let sem = open(&client, "huge", all, LEASE).await;
+        let p = sem.acquire_many(all).await.unwrap();
+        assert_eq!(p.slots().len(), all as usize, "{}", server.flavor());
+        assert_eq!(sem.stats().await.unwrap().in_use, all);
+        p.release().await.unwrap();
+        assert_nothing_left(&server, "huge").await;
+
+        let sem = open(&client, "big", 5000, LEASE).await;
+        let one = sem.acquire().await.unwrap();
+        let waiting = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire_many(5000).await }
+        });
+        until_queued(&sem, 1).await;
+        one.release().await.unwrap();
+        let p = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the queued request is granted once the holder released")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.slots().len(), 5000, "{}", server.flavor());
+        p.release().await.unwrap();
+        assert_nothing_left(&server, "big").await;
+        assert_eq!(sem.stats().await.unwrap().repairs_total, 0);
+    }
+}

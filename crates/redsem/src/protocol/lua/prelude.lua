@@ -370,7 +370,7 @@ local function write_entry(id, m, slots, score, sid, lease)
     else
       local map = {}
       for i = 1, #slots do map[2 * i - 1] = slots[i]; map[2 * i] = id end
-      count_slots(redis.call('HSET', K_SLOTS, unpack(map)))
+      count_slots(call_in_chunks('HSET', K_SLOTS, map))
     end
   end
   if score then queue_add(score, id) end
@@ -882,7 +882,7 @@ drop_entry = function(id, m, limit, tomb)
     if tomb then redis.call('ZADD', K_OWN, '0', sid .. '|' .. tomb .. id) end
     if m.s then
       local ss = slot_strs(m)
-      count_slots(-redis.call('HDEL', K_SLOTS, unpack(ss)))
+      count_slots(-call_in_chunks('HDEL', K_SLOTS, ss))
       return_slots(m.s, limit, ss)
     else
       queue_remove({ id })
