@@ -14,7 +14,10 @@ pub enum LostReason {
     /// Redis lost its data. Another process may hold the slot now.
     NotHolder,
     /// Renewals failed (Redis unreachable or too slow) until the lease could have expired on
-    /// the server. The slot may or may not still be held; it must be treated as lost.
+    /// the server. The slot may or may not still be held; it must be treated as lost. Told a
+    /// safety margin before the lease could end in Redis, so that the work stops in time: the
+    /// entry is detached there, not released (nobody renews it, and nobody else is granted
+    /// its slots before that lease ends); dropping the permit releases it.
     Unreachable,
     /// The client was shut down ([`Client::shutdown`](crate::Client::shutdown)) while the
     /// permit was held: its entry was released.

@@ -318,3 +318,67 @@ async fn an_acquisition_asks_again_while_the_server_cannot_serve() {
         client.shutdown().await;
     }
 }
+
+/// A holder told that its lease is lost because Redis did not answer (a safety margin before
+/// the lease could have ended there, so that the program can stop its work) does not hand its
+/// slot on when Redis answers again: its entry is detached, not released, and nobody else is
+/// granted the slot before the lease it had in Redis ended. Then the next waiter is.
+#[tokio::test]
+async fn a_holder_lost_in_an_outage_keeps_its_slot_until_its_lease_ends_in_redis() {
+    for server in servers() {
+        let proxy = FaultProxy::start(server.addr());
+        let lease = Duration::from_secs(5); // (margin: 500 ms)
+        let held_by = client_at(&proxy.url()).await;
+        let sem = held_by
+            .semaphore("kept", 1)
+            .lease(lease)
+            .renew_every(Duration::from_millis(300))
+            .open()
+            .await
+            .unwrap();
+        let held = sem.acquire().await.unwrap();
+        let id = server.cmd(&["HGET", &key("kept", "slots"), "0"]);
+        let id = id.as_str().unwrap().to_owned();
+        let other = client(&server).await;
+        let next = open(&other, "kept", 1, lease).await;
+        let waiting = tokio::spawn(async move { next.acquire().await });
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "kept", "queue")
+                == 1)
+            .await
+        );
+
+        proxy.blackhole(true);
+        let reason = tokio::time::timeout(lease * 3, held.lost())
+            .await
+            .expect("the holder was never told");
+        assert_eq!(reason, LostReason::Unreachable, "{}", server.flavor());
+        // the lease the entry has in Redis (nobody renewed it since)
+        let session = session_of(&server, "kept", &id);
+        let expiry = server.cmd(&["ZSCORE", &key("kept", "exp"), &session]);
+        let expiry_ms: u64 = expiry.as_str().unwrap().parse().unwrap();
+        // Redis answers again: what the lost holder sends now lands at once
+        proxy.blackhole(false);
+        loop {
+            let now_ms = redis_time_us(&server) / 1000;
+            if now_ms + 100 >= expiry_ms {
+                break;
+            }
+            assert!(
+                !waiting.is_finished(),
+                "{}: the slot was granted {} ms before the lost holder's lease ended",
+                server.flavor(),
+                expiry_ms - now_ms
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let p = tokio::time::timeout(lease * 2, waiting)
+            .await
+            .expect("the next waiter is granted once the lease ended")
+            .unwrap()
+            .unwrap();
+        drop(held);
+        p.release().await.unwrap();
+        assert_nothing_left(&server, "kept").await;
+    }
+}

@@ -190,14 +190,26 @@ impl Table {
         }
     }
 
-    /// Declares the holder `id` lost for `reason` and removes whatever is left of its entry
-    /// in Redis (in the background; not an entry another handle adopted, which is that
-    /// handle's now, nor one in keys another program's data overwrote, whose release would
-    /// be refused).
+    /// Declares the holder `id` lost for `reason` and deals with what is left of its entry in
+    /// Redis, in the background:
+    /// - lost because renewals failed ([`LostReason::Unreachable`]): the lease may still run
+    ///   in Redis (the holder is told a safety margin before it could end there, so that the
+    ///   program stops its work in time), so the entry is detached, not released: it keeps
+    ///   that lease, nobody renews it, and nobody else is granted its slots before it ends
+    ///   (a release would hand them on while the program is still stopping); dropping the
+    ///   permit releases it at once, as after [`LostReason::MaxHold`];
+    /// - an entry another handle adopted (that handle's now), or in keys another program's
+    ///   data overwrote (a release would be refused): nothing;
+    /// - otherwise (the entry is gone from Redis, the semaphore deleted, renewals refused, a
+    ///   shutdown) released: whatever is left of it.
     pub(crate) fn lose(&self, id: &str, reason: LostReason) {
-        let ours = !matches!(reason, LostReason::HandedOff | LostReason::Overwritten);
-        if self.declare_lost(id, reason) && ours {
-            self.release_in_background(id.to_owned());
+        if !self.declare_lost(id, reason) {
+            return;
+        }
+        match reason {
+            LostReason::HandedOff | LostReason::Overwritten => {}
+            LostReason::Unreachable => self.detach_in_background(id.to_owned()),
+            _ => self.release_in_background(id.to_owned()),
         }
     }
 
