@@ -648,3 +648,72 @@ async fn a_waiter_above_a_smaller_recreated_limit_is_rejected_once_a_permit_is_f
         a.release().await.unwrap();
     }
 }
+
+/// Every key lost (a `FLUSHALL`) while a waiter is queued, the semaphore re-created at once,
+/// and its client queueing again (another task acquiring): the waiter's session lives on, and
+/// the tickets start again from 1, below the waiter's, so neither the session nor the served
+/// tickets, nor the head of the queue while someone waits ahead, tell it that its entry is
+/// gone. The highest ticket issued does: it queues again at its next renewal, and is granted
+/// in turn (it waited until new tickets passed its own, or the queue emptied).
+#[tokio::test]
+async fn a_waiter_queued_before_a_flushall_queues_again_though_its_session_lives_on() {
+    for server in servers() {
+        let lease = Duration::from_secs(2);
+        let holder_client = client(&server).await;
+        let holders = open(&holder_client, "flushed", 1, lease).await;
+        let waiter_client = client(&server).await;
+        let sem = open(&waiter_client, "flushed", 1, lease).await;
+        // tickets well above those of the re-created semaphore
+        for _ in 0..20 {
+            sem.acquire().await.unwrap().release().await.unwrap();
+        }
+        let held = holders.acquire().await.unwrap();
+        let waiting = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire().await }
+        });
+        until_queued(&sem, 1).await;
+
+        server.cmd(&["FLUSHALL"]);
+        // another process takes the re-created semaphore's slot (ticket 1), and the waiter's
+        // client queues again behind it (ticket 2): the waiters' session is back
+        let other_client = client(&server).await;
+        let other = open(&other_client, "flushed", 1, lease).await;
+        let taken = other.acquire().await.unwrap();
+        let again = tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire().await }
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || card(&server, "flushed", "queue")
+                == 1)
+            .await
+        );
+        // while someone waits ahead of it with a lower ticket (so neither the head of the queue
+        // nor the served tickets put it in doubt), the first waiter learns its entry is gone
+        // and queues again behind (it stayed out of the queue for good)
+        assert!(
+            eventually(Duration::from_secs(10), || card(
+                &server, "flushed", "queue"
+            ) == 2)
+            .await,
+            "{}: the waiter queued before the FLUSHALL did not queue again",
+            server.flavor()
+        );
+        drop(taken);
+        again.await.unwrap().unwrap().release().await.unwrap();
+        let p = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiter queued before the FLUSHALL was never granted")
+            .unwrap()
+            .unwrap();
+        assert!(
+            p.ticket() < 20,
+            "a ticket of the re-created semaphore: {}",
+            p.ticket()
+        );
+        drop(p);
+        drop(held);
+        assert_nothing_left(&server, "flushed").await;
+    }
+}

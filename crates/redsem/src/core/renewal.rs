@@ -55,6 +55,7 @@ impl<W, H> HandleState<W, H> {
         }
         self.schedule.doubt_below = renewal.head.map_or(f64::INFINITY, |h| h as f64);
         self.schedule.served = renewal.served;
+        self.schedule.issued = renewal.issued;
         if !call.sessions.is_empty() && !waiters_kept {
             // the waiters' session had expired: they may have been reaped
             self.schedule.check_all = true;
@@ -214,6 +215,7 @@ mod tests {
             had_lease: vec![true],
             head: Some(4),
             served: vec![3],
+            issued: Some(4),
             removed: Vec::new(),
             deleted: false,
         }
@@ -327,9 +329,10 @@ mod tests {
         );
     }
 
-    /// The answer moves the doubt marks: a head of the queue above a waiter's place, or a
-    /// served ticket at or above its ticket, puts it in doubt; a waiters' session that had
-    /// lost its lease puts every waiter in doubt.
+    /// The answer moves the doubt marks: a head of the queue above a waiter's place, a
+    /// served ticket at or above its ticket, or a highest issued ticket below it (the
+    /// semaphore was re-created since it queued), puts it in doubt; a waiters' session that
+    /// had lost its lease puts every waiter in doubt.
     #[tokio::test(start_paused = true)]
     async fn the_answer_sets_what_to_doubt() {
         let t0 = Instant::now();
@@ -348,6 +351,13 @@ mod tests {
         r.served = vec![0];
         st.on_renewal(&call, r);
         assert_eq!(st.doubted_waiters(&none), [Arc::<str>::from("w1")]);
+        // re-created (a FLUSHALL): 2 tickets issued since, served and head below both
+        let mut r = renewal(Vec::new());
+        r.head = Some(1);
+        r.served = vec![1];
+        r.issued = Some(3);
+        st.on_renewal(&call, r);
+        assert_eq!(st.doubted_waiters(&none), [Arc::<str>::from("w2")]);
         let mut r = renewal(Vec::new());
         r.had_lease = vec![false];
         r.head = None;

@@ -95,6 +95,11 @@ pub(crate) struct Schedule {
     /// that class with a ticket at or below it was granted or removed meanwhile, and is
     /// checked (a higher class queued ahead of it hides that from the head).
     pub(super) served: Vec<u64>,
+    /// The highest ticket issued at the last renewal: a waiter with a ticket above it was
+    /// queued before the semaphore's configuration was lost and re-created without it, and is
+    /// checked (`served` and the head, counted anew from there, miss it until new tickets
+    /// pass its own).
+    pub(super) issued: Option<u64>,
 }
 
 impl Schedule {
@@ -111,6 +116,7 @@ impl Schedule {
             check_all: false,
             doubt_below: f64::NEG_INFINITY,
             served: Vec::new(),
+            issued: None,
         }
     }
 

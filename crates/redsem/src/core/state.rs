@@ -202,7 +202,8 @@ impl<W, H> HandleState<W, H> {
     /// their session had lost its lease (the "all" flag, taken here); else those whose place
     /// is below the head of the queue at the last renewal, or whose ticket is at or below
     /// the highest granted in their priority class: they were granted or removed while their
-    /// notification was lost.
+    /// notification was lost; or whose ticket is above the highest issued: the semaphore was
+    /// lost and re-created without them.
     pub(crate) fn doubted_waiters(&mut self, checked: &HashSet<Arc<str>>) -> Vec<Arc<str>> {
         let all = std::mem::take(&mut self.schedule.check_all);
         let s = &self.schedule;
@@ -211,7 +212,10 @@ impl<W, H> HandleState<W, H> {
             .filter_map(|(id, w)| w.queued.map(|q| (id, q)))
             .filter(|(id, q)| {
                 let served = s.served.get(usize::from(q.priority)).copied();
-                (all || q.place() < s.doubt_below || served.is_some_and(|t| q.ticket <= t))
+                let unissued = s.issued.is_some_and(|i| q.ticket > i);
+                (all || q.place() < s.doubt_below
+                    || served.is_some_and(|t| q.ticket <= t)
+                    || unissued)
                     && !checked.contains(*id)
             })
             .map(|(id, _)| id.clone())

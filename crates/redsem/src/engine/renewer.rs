@@ -261,6 +261,7 @@ mod tests {
             had_lease: Vec::new(),
             head: None,
             served: Vec::new(),
+            issued: None,
             removed: Vec::new(),
             deleted: false,
         }

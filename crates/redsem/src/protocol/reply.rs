@@ -143,6 +143,11 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         .iter()
         .map(|t| int(Some(t)).map(|t| u64::try_from(t).unwrap_or(0)))
         .collect::<CallResult<Vec<_>>>()?;
+    // the highest ticket issued (absent from the replies of older libraries)
+    let issued = match items.get(10) {
+        None => None,
+        t => Some(u64::try_from(int(t)?).unwrap_or(0)),
+    };
     Ok(Renewal {
         next_expiry: next,
         states,
@@ -150,6 +155,7 @@ pub(super) fn renew(v: &Value, sessions: usize, ids: usize) -> CallResult<Renewa
         had_lease,
         head,
         served,
+        issued,
         removed,
         deleted,
     })
@@ -174,6 +180,10 @@ pub(crate) struct Renewal {
     /// below `served[c]` was granted or removed meanwhile, also when a higher class queued
     /// ahead of it (which the head alone does not show).
     pub(crate) served: Vec<u64>,
+    /// The highest ticket issued (`cfg.seq`): a waiter whose ticket is above it was queued
+    /// before the configuration was lost and re-created without its entry (a `FLUSHALL`),
+    /// and is gone, however high `served` is.
+    pub(crate) issued: Option<u64>,
     /// Entries of the sessions sent that someone else removed since their last renewal, and
     /// why.
     pub(crate) removed: Vec<(String, RemovedBy)>,

@@ -6,7 +6,8 @@
 -- ARGV (after the common header): 4 k (number of sessions), then k pairs (session id, lease
 --   ms), then the ids of entries to check (the client's holders, and those of its waiters it
 --   has reason to doubt; see docs/PROTOCOL.md)
--- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted, served}
+-- Reply: {next_expiry_ms, states, free, limit, sessions, head, removed, why, deleted, served,
+--         issued}
 --        states: one per id, in order:
 --          {1, slots, fences, ticket} holds (a waiter listed here may have been granted meanwhile)
 --          {-3}               holds, but in none of the listed sessions' owners (with k > 0):
@@ -29,6 +30,9 @@
 --          session flag 0, and nothing is written: the semaphore is not re-created), else 0
 --        served: the highest ticket granted in each priority class 0..9 (0: none), from cfg's
 --          s0..s9: a waiter whose ticket is at or below its class's was granted or removed
+--        issued: the highest ticket issued (cfg.seq): a waiter whose ticket is above it was
+--          queued before the configuration was lost and re-created without its entry (a
+--          FLUSHALL, every key evicted): gone, however high the served tickets are
 local now = now_ms()
 ONLY_EXISTING = true
 READ_SERVED = true
@@ -95,4 +99,4 @@ finish()
 local served = {}
 for c = 0, 9 do served[c + 1] = LOADED_SERVED[c] end
 return { next_expiry(now), states, free_now(limit), limit, sessions,
-  #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0, served }
+  #head > 0 and math.floor(tonumber(head[2])) or false, removed, why, 0, served, SEQ }
