@@ -109,6 +109,9 @@ impl AcquireOptions {
 
     /// Gives up after `timeout` with [`Error::Timeout`], counted from the first poll of the
     /// acquisition (default: wait as long as it takes). Its place in the queue is given up.
+    /// A zero timeout takes the permits only if they are free now and nobody is queued, as
+    /// [`try_only`](Self::try_only) does (one round trip, never queued), and fails with
+    /// [`Error::Timeout`] otherwise: not a race between the round trip and the clock.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -254,10 +257,13 @@ impl AcquireOptions {
                 max_hold: self.max_hold,
             })
         });
+        // (a zero timeout: only if free now)
+        let zero_timeout = self.timeout == Some(Duration::ZERO);
         Ok(Ask {
             n: self.permits,
-            try_only: self.try_only,
-            timeout: self.timeout,
+            try_only: self.try_only || zero_timeout,
+            timeout: self.timeout.filter(|_| !zero_timeout),
+            zero_timeout,
             custom,
         })
     }

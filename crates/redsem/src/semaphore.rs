@@ -136,7 +136,8 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`Error::Timeout`] when no permit was granted in time (its place in the queue is
-    /// given up); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`](crate::MAX_DURATION) (use
+    /// given up; with a zero timeout, when none was free at once: see
+    /// [`AcquireOptions::timeout`]); [`Error::InvalidArgument`] for a timeout above [`MAX_DURATION`](crate::MAX_DURATION) (use
     /// [`acquire`](Self::acquire) to wait without a limit); otherwise as
     /// [`acquire`](Self::acquire).
     pub fn acquire_timeout(
@@ -232,7 +233,17 @@ impl Semaphore {
         match options.into_ask(&self.handle.timing) {
             // A combinator, not an `async fn`: a waiting task carries this future as long as
             // it waits, and an `async fn` layer would store its own copy of the arguments.
-            Ok(ask) => Either::Left(self.handle.acquire(ask).map(|held| held.map(Permit::new))),
+            Ok(ask) => {
+                let zero = ask.zero_timeout;
+                Either::Left(self.handle.acquire(ask).map(move |held| match held {
+                    // a zero timeout ran out: the permits were not free at once
+                    Err(Error::NoPermits { name, .. }) if zero => Err(Error::Timeout {
+                        name,
+                        timeout: Duration::ZERO,
+                    }),
+                    held => held.map(Permit::new),
+                }))
+            }
             Err(e) => Either::Right(ready(Err(e))),
         }
     }

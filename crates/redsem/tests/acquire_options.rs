@@ -224,3 +224,34 @@ async fn no_permits_says_why() {
         NoPermitsReason::LocalCap
     );
 }
+
+/// A zero timeout means "only if free now", as try-only does: granted whenever a permit is
+/// free and nobody is queued (not a race between the round trip and the clock), a timeout at
+/// once otherwise, and never queued.
+#[tokio::test]
+async fn a_zero_timeout_takes_a_free_permit_and_never_queues() {
+    for server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "zero-timeout", 2, Duration::from_secs(5)).await;
+        for i in 0..20 {
+            let p = sem
+                .acquire_timeout(Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("{}: call {i} on a free semaphore: {e}", server.flavor())
+                });
+            p.release().await.unwrap();
+        }
+        let _a = sem.acquire().await.unwrap();
+        let _b = sem.acquire().await.unwrap();
+        let err = sem
+            .acquire_many_timeout(1, Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout { timeout, .. } if timeout.is_zero()),
+            "{err:?}"
+        );
+        assert_eq!(card(&server, "zero-timeout", "queue"), 0, "never queued");
+    }
+}

@@ -39,6 +39,9 @@ pub(crate) struct Ask {
     pub(crate) try_only: bool,
     /// Give up after this long (counted from the first poll).
     pub(crate) timeout: Option<Duration>,
+    /// Asked with a zero timeout: try-only, and its refusal is a timeout (the public layer
+    /// turns it into one).
+    pub(crate) zero_timeout: bool,
     /// A holder lease, label or maximum hold time other than the handle's: rare, so shared
     /// and on the heap (a plain acquisition's future stays small).
     pub(crate) custom: Option<Arc<Custom>>,
