@@ -155,6 +155,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<u8, Failure> {
 
     // Do not queue for a command that cannot run.
     if let Err((code, what)) = check_program(&program) {
+        if let Some(why) = mistyped_option(&program).filter(|_| !a.shell) {
+            return Err(Failure::Other(why));
+        }
         say!("redsem: cannot run {:?}: {what}", program.to_string_lossy());
         return Ok(code);
     }
@@ -819,6 +822,36 @@ fn program_and_args(a: &RunArgs) -> (OsString, Vec<OsString>) {
     } else {
         (command[0].clone(), command[1..].to_vec())
     }
+}
+
+/// The refusal of a command word that is not a program but a mistyped option (`--lable`,
+/// `--timout 5s`: everything after NAME that clap does not know is the command), naming the
+/// option meant when one is close: it would otherwise fail as "command not found" (exit 127),
+/// which reads as the command's own failure.
+fn mistyped_option(program: &OsStr) -> Option<String> {
+    let word = program.to_str()?;
+    if !word.starts_with('-') {
+        return None;
+    }
+    let typed = word.trim_start_matches('-').split('=').next().unwrap_or("");
+    let cli = <crate::Cli as clap::CommandFactory>::command();
+    let longs = cli
+        .find_subcommand("run")
+        .into_iter()
+        .flat_map(|run| run.get_arguments())
+        .chain(cli.get_arguments())
+        .filter_map(|a| a.get_long());
+    let meant = longs
+        .map(|long| (strsim::jaro(typed, long), long))
+        .filter(|(similarity, _)| *similarity > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(String::new(), |(_, long)| {
+            format!(" (did you mean --{long}?)")
+        });
+    Some(format!(
+        "unexpected argument '{word}' found{meant}: options go before the command, and a \
+         command does not start with '-'"
+    ))
 }
 
 /// Whether `program` can be executed, as far as can be told before running it: a path
