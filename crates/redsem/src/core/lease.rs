@@ -107,6 +107,24 @@ impl Timing {
         lease.anchor_answered() + self.renew_every
     }
 
+    /// When the waiters' session, confirmed by `waiters`, must be renewed at the latest. A
+    /// waiter granted now becomes a holder with these confirmations (its lease continues the
+    /// session's), and its first renewal that counts (its next anchor) can be sent one
+    /// interval after the anchor's answer; so each anchor must come soon enough after the one
+    /// before that the next can still be made before the deadline that one sets: at most
+    /// `lease − margin − 1¼ intervals` after it (1.45 intervals for a lease of three). The
+    /// waiters' checks and the holders' renewals usually make it in time (and the session
+    /// rides along with them); after a call made for another reason (not an anchor: less than
+    /// an interval after it) delayed the next check, this is when the session is renewed for
+    /// itself (never before the earliest moment a renewal counts). Without it the anchors
+    /// drifted up to two intervals apart, and a waiter granted then was a holder whose
+    /// deadline came before its first renewal could.
+    pub(crate) fn waiters_renewal_due(&self, waiters: &Confirmations) -> Instant {
+        let earliest = waiters.anchor_answered() + self.renew_every;
+        let room = (self.lease - margin(self.lease)).saturating_sub(self.renew_every * 5 / 4);
+        earliest.max(waiters.anchor_sent() + room)
+    }
+
     /// How often the waiters are checked: every fallback interval, and at least every renewal
     /// interval (waiters hold a lease too; a fallback poll longer than the lease would let
     /// Redis reap them).
@@ -178,6 +196,11 @@ impl Confirmations {
     /// later.
     pub(crate) fn anchor_answered(&self) -> Instant {
         self.anchor.1
+    }
+
+    /// When the anchor confirmation was sent.
+    pub(crate) fn anchor_sent(&self) -> Instant {
+        self.anchor.0
     }
 }
 

@@ -366,6 +366,9 @@ impl<W, H> HandleState<W, H> {
         }
         if !self.waiters.is_empty() {
             earliest(on_grid(s.waiters_checked_at + timing.waiter_check()));
+            if let Some(c) = &self.waiter_session {
+                earliest(on_grid(timing.waiters_renewal_due(c)));
+            }
             if let Some(c) = s.next_check {
                 earliest(c);
             }
@@ -526,6 +529,30 @@ mod tests {
         assert_eq!(deadline(&st), timing.deadline(t0 + ms(17)), "off the grid");
     }
 
+    /// The waiters' session is renewed for itself when calls made for other reasons (not
+    /// anchors) keep pushing the waiters' check on: before its anchors drift so far apart
+    /// that a waiter granted then would be a holder whose deadline comes before its first
+    /// renewal can.
+    #[tokio::test(start_paused = true)]
+    async fn the_waiters_session_is_renewed_before_a_grant_from_it_would_be_lost() {
+        let t0 = Instant::now();
+        let mut st = state(Duration::from_secs(60));
+        add_waiter(&mut st, "w"); // the session's first confirmation (and anchor): t0
+        // a call for another reason, less than an interval after the anchor: not one
+        let other = t0 + RENEW * 9 / 10;
+        st.waiters_renewed(other, other);
+        st.schedule.succeeded(other, None);
+        // the check would come at other + RENEW (1.9 intervals); the session is renewed at
+        // 9 s − 0.9 s margin − 3.75 s = 4.35 s after the anchor instead (1.45 intervals)
+        let due = t0 + Duration::from_millis(4350);
+        assert_eq!(st.next_wakeup(), Some(due));
+        st.waiters_renewed(due, due);
+        st.schedule.succeeded(due, None);
+        // a waiter granted now is renewed (one interval after the anchor) before its deadline
+        let granted = LeaseClock::confirmed(st.waiter_session.clone().unwrap(), LEASE);
+        assert!(due + RENEW < granted.deadline());
+    }
+
     /// A renewal that fails at once (Redis refusing connections) must not be retried in a
     /// tight loop: the renewal it retries is overdue, yet the next try waits for the retry
     /// time, which backs off, and a holder is still declared lost at its deadline.
@@ -555,6 +582,7 @@ mod tests {
         let now = Instant::now();
         st.remove_holder("h");
         st = with_holder(st, now);
+        st.waiters_renewed(now, now); // (the call renewed the waiters' session too)
         st.schedule.succeeded(now, None);
         assert_eq!(st.next_wakeup(), Some(now + Duration::from_secs(1)));
         st.on_renewal_failed(now);
