@@ -382,3 +382,23 @@ async fn a_holder_lost_in_an_outage_keeps_its_slot_until_its_lease_ends_in_redis
         assert_nothing_left(&server, "kept").await;
     }
 }
+
+/// After Redis restarted (its data lost) and answers again, the first acquisition succeeds:
+/// it finds the old connection closed, and asks again, once, on the connection made anew
+/// (it failed with `Unreachable: broken pipe`, though Redis was back).
+#[tokio::test]
+async fn the_first_acquisition_after_a_restart_asks_again_on_a_new_connection() {
+    for mut server in servers() {
+        let client = client(&server).await;
+        let sem = open(&client, "restarted", 1, Duration::from_secs(5)).await;
+        sem.acquire().await.unwrap().release().await.unwrap();
+        server.restart();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let p = tokio::time::timeout(Duration::from_secs(10), sem.acquire())
+            .await
+            .expect("the acquisition hung")
+            .unwrap_or_else(|e| panic!("{}: {e}", server.flavor()));
+        p.release().await.unwrap();
+        assert_nothing_left(&server, "restarted").await;
+    }
+}

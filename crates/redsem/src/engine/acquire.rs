@@ -445,14 +445,19 @@ const BUSY_FOR: Duration = Duration::from_secs(15);
 /// An acquisition's answers of a server that cannot serve now (a reply `TRYAGAIN`,
 /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `BUSY`, `READONLY`: a failover, a slot in
 /// migration, a restart), which it asks again after, with backoff: until its timeout, or for
-/// [`BUSY_FOR`] without one (then the error is returned). A server that does not answer, or
-/// a refused connection, fails at once as before (`Unreachable`: the caller decides), and so
-/// does a `try_acquire` (one round trip).
+/// [`BUSY_FOR`] without one (then the error is returned). A connection the server dropped
+/// (a restart: the first call after it finds the old connection closed, while the server
+/// is back) is asked again once, on the connection made anew (the request is idempotent per
+/// id). A server that does not answer, a refused connection, or a second drop fails at once
+/// as before (`Unreachable`: the caller decides), and so does a `try_acquire` (one round
+/// trip).
 #[derive(Default)]
 struct Busy {
     /// The first such answer, and how many there were.
     since: Option<Instant>,
     answers: u32,
+    /// A dropped connection was asked again already.
+    dropped: bool,
 }
 
 impl Busy {
@@ -460,6 +465,12 @@ impl Busy {
     fn again(&mut self, e: &Error, timed: bool) -> bool {
         // a reply of the server (with a code), classed as "cannot serve now"
         let busy = matches!(e, Error::Unreachable(b) if b.code().is_some());
+        let dropped = matches!(e, Error::Unreachable(b)
+            if b.code().is_none() && b.is_connection() && !b.is_timeout() && !b.is_refusal());
+        if dropped && !std::mem::replace(&mut self.dropped, true) {
+            self.answers += 1;
+            return true;
+        }
         if !busy {
             return false;
         }
