@@ -82,6 +82,8 @@ pub struct Global {
         default_value = "3s",
         value_parser = parse_duration,
         global = true,
+        // (`-1s` reaches the parser, which says what is wrong with it)
+        allow_hyphen_values = true,
         help_heading = "Connection"
     )]
     pub connect_timeout: Duration,

@@ -412,6 +412,11 @@ fn bad_values_are_refused_in_one_wording_that_names_their_source() {
             .args(["run", "v", "--limit", "2", "--", "true"]),
         "for '--timeout <TIMEOUT>' from the environment variable REDSEM_TIMEOUT",
     );
+    // a negative duration reaches the parser, which names what is wrong, on a global option too
+    refused(
+        redsem(&server).args(["--connect-timeout", "-1s", "list"]),
+        "\"-1s\" is negative",
+    );
     // a mistyped option is not run as the command (exit 127, the command's "not found")
     refused(
         redsem(&server).args(["run", "v", "--limit", "2", "--lable", "x", "--", "true"]),

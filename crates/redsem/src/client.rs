@@ -64,6 +64,11 @@ impl Client {
     /// the connections could not be made within the connect timeout (3 s by default, for
     /// both connections together),
     /// [`Error::Auth`] for wrong credentials.
+    ///
+    /// # Panics
+    /// When polled outside a Tokio runtime (with its time and I/O drivers enabled): the
+    /// client's connections and background tasks live on the runtime it is made in. Without
+    /// one, use [`blocking::Client`](crate::blocking::Client).
     pub async fn connect(url: &str) -> Result<Client, Error> {
         ClientBuilder::new(url).build().await
     }
