@@ -713,6 +713,14 @@ async def test_a_fenced_store_refuses_a_stale_holder(server: Server, name: str) 
         assert not await store.check(old.fences[0])
         assert not await store.write(old.fences[0], f"{{{name}}}:data", b"stale")
         assert server.command("GET", f"{{{name}}}:data") == "new"
+        # a fence as its text (`$REDSEM_FENCES`), and bad ones refused as bad input
+        assert await store.check(str(new.fences[0]))
+        assert not await store.check(str(old.fences[0]))
+        for bad in ["0:", "x:1", "1", "0:-5"]:
+            with pytest.raises(redsem.InvalidArgument, match="not a fence"):
+                await store.check(bad)
+        with pytest.raises(redsem.InvalidArgument, match="out of range"):
+            await store.check(redsem.Fence(0, -5))
         await new.release()
 
 

@@ -76,6 +76,27 @@ class Fence(NamedTuple):
     def __str__(self) -> str:
         return f"{self.slot}:{self.generation}"
 
+    @classmethod
+    def parse(cls, text: str) -> Fence:
+        """The fence written as `slot:generation` (`str(fence)`, an element of
+        `$REDSEM_FENCES`). Raises `InvalidArgument` for anything else."""
+        slot, sep, generation = text.strip().partition(":")
+        if sep and slot.isdigit() and generation.isdigit():
+            return _checked_fence(cls(int(slot), int(generation)))
+        raise InvalidArgument(f"not a fence: {text!r} (a fence is slot:generation, e.g. 0:1796343399139180)")
+
+
+def _checked_fence(fence: Fence | str) -> Fence:
+    """`fence` as a `Fence` (its text `slot:generation` is parsed), checked to be in range."""
+    if isinstance(fence, str):
+        return Fence.parse(fence)
+    if not isinstance(fence, tuple) or len(fence) != 2:
+        raise TypeError(f"a fence is a Fence (or its text slot:generation), not {type(fence).__name__}")
+    slot, generation = fence
+    if not (isinstance(slot, int) and 0 <= slot < 2**32 and isinstance(generation, int) and 0 <= generation < 2**64):
+        raise InvalidArgument(f"fence {slot}:{generation} is out of range (slot 0..2^32, generation 0..2^64)")
+    return Fence(slot, generation)
+
 
 @dataclass
 class HolderInfo:
@@ -660,14 +681,18 @@ class FencedStore:
     def __init__(self, native: _native.FencedStore) -> None:
         self._native = native
 
-    async def check(self, fence: Fence) -> bool:
-        """True when `fence` is current for its slot (and records it); False if stale."""
-        return await self._native.check(fence.slot, fence.generation)
+    async def check(self, fence: Fence | str) -> bool:
+        """True when `fence` (a `Fence`, or its text `slot:generation`, as in
+        `$REDSEM_FENCES`) is current for its slot (and records it); False if stale."""
+        f = _checked_fence(fence)
+        return await self._native.check(f.slot, f.generation)
 
-    async def write(self, fence: Fence, key: str, value: bytes | str) -> bool:
-        """`SET key value` only if `fence` is current; returns whether it was written."""
+    async def write(self, fence: Fence | str, key: str, value: bytes | str) -> bool:
+        """`SET key value` only if `fence` (as for `check`) is current; returns whether it
+        was written."""
+        f = _checked_fence(fence)
         data = value.encode() if isinstance(value, str) else bytes(value)
-        return await self._native.write(fence.slot, fence.generation, key, data)
+        return await self._native.write(f.slot, f.generation, key, data)
 
 
 class Client:

@@ -374,8 +374,8 @@ class FencedStore:
     def __init__(self, client: Client, store: _client.FencedStore) -> None:
         self._client, self._store = client, store
 
-    def check(self, fence: Fence) -> bool:
+    def check(self, fence: Fence | str) -> bool:
         return self._client._run(self._store.check(fence))
 
-    def write(self, fence: Fence, key: str, value: bytes | str) -> bool:
+    def write(self, fence: Fence | str, key: str, value: bytes | str) -> bool:
         return self._client._run(self._store.write(fence, key, value))
