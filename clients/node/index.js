@@ -108,6 +108,22 @@ async function call(f) {
   }
 }
 
+/**
+ * `v` if it is of `type` ('number', 'string'; `optional`: undefined too), else an
+ * InvalidArgumentError naming the argument `what` (napi would say "Failed to convert napi
+ * value String into rust type 'f64'").
+ */
+function arg(what, v, type, optional = false) {
+  if (optional && v === undefined) return v;
+  if (typeof v !== type || (type === 'number' && Number.isNaN(v))) {
+    const got = Number.isNaN(v) ? 'NaN' : v === null ? 'null' : typeof v;
+    throw new InvalidArgumentError(`${what} must be a ${type}, not ${got}`, {
+      code: 'ERR_REDSEM_INVALID_ARGUMENT',
+    });
+  }
+  return v;
+}
+
 /** The options that take a number (the others take a string, a boolean or an AbortSignal). */
 const NUMBERS = new Set([
   'permits', 'timeoutMs', 'leaseMs', 'priority', 'maxHoldMs', 'limit', 'renewEveryMs',
@@ -192,6 +208,7 @@ class Client {
   ping() { return call(() => this.#native.ping()); }
 
   async semaphore(name, options) {
+    arg('semaphore: name', name, 'string');
     if (options === undefined || options === null || options.limit === undefined) {
       throw new InvalidArgumentError(
         `semaphore ${JSON.stringify(name)}: options.limit is required (the permits shared by every process)`,
@@ -206,15 +223,25 @@ class Client {
   flushReleases() { return call(() => this.#native.flushReleases()); }
   listSemaphores() { return call(() => this.#native.listSemaphores()); }
   loadLibrary() { return call(() => this.#native.loadLibrary()); }
-  inspect(name, listed) { return call(() => this.#native.inspect(name, listed)); }
-  resizeExisting(name, limit) { return call(() => this.#native.resizeExisting(name, limit)); }
+  inspect(name, listed) {
+    return call(() => this.#native.inspect(arg('inspect: name', name, 'string'),
+      arg('inspect: listed', listed, 'number', true)));
+  }
+  resizeExisting(name, limit) {
+    return call(() => this.#native.resizeExisting(arg('resizeExisting: name', name, 'string'),
+      arg('resizeExisting: limit', limit, 'number')));
+  }
   forceReleaseExisting(name, holderId) {
-    return call(() => this.#native.forceReleaseExisting(name, holderId));
+    return call(() => this.#native.forceReleaseExisting(
+      arg('forceReleaseExisting: name', name, 'string'),
+      arg('forceReleaseExisting: holderId', holderId, 'string')));
   }
   addPermitsExisting(name, delta) {
-    return call(() => this.#native.addPermitsExisting(name, delta));
+    return call(() => this.#native.addPermitsExisting(
+      arg('addPermitsExisting: name', name, 'string'),
+      arg('addPermitsExisting: delta', delta, 'number')));
   }
-  purgeKeys(name) { return call(() => this.#native.purgeKeys(name)); }
+  purgeKeys(name) { return call(() => this.#native.purgeKeys(arg('purgeKeys: name', name, 'string'))); }
   async deleteSemaphore(name, options) {
     const { force = false } = checkKeys('deleteSemaphore', options, ['force']);
     return call(() => this.#native.deleteSemaphore(name, force));
@@ -287,10 +314,12 @@ class Semaphore {
     }
   }
 
-  stats(listed) { return call(() => this.#native.stats(listed)); }
-  resize(limit) { return call(() => this.#native.resize(limit)); }
-  addPermits(delta) { return call(() => this.#native.addPermits(delta)); }
-  forceRelease(holderId) { return call(() => this.#native.forceRelease(holderId)); }
+  stats(listed) { return call(() => this.#native.stats(arg('stats: listed', listed, 'number', true))); }
+  resize(limit) { return call(() => this.#native.resize(arg('resize: limit', limit, 'number'))); }
+  addPermits(delta) { return call(() => this.#native.addPermits(arg('addPermits: delta', delta, 'number'))); }
+  forceRelease(holderId) {
+    return call(() => this.#native.forceRelease(arg('forceRelease: holderId', holderId, 'string')));
+  }
   async adopt(token) { return new Permit(await call(() => this.#native.adopt(String(token)))); }
   releaseHandoff(token) { return call(() => this.#native.releaseHandoff(String(token))); }
   close() { this.#native.close(); }

@@ -318,6 +318,27 @@ for (const { flavor, binary, skip } of flavors()) {
         (e) => e instanceof redsem.InvalidArgumentError && /limitPolicy/.test(e.message));
     });
 
+    test('an argument of the wrong type is refused naming it, in the library\'s error', async () => {
+      const sem = await client.semaphore('wrong-types', { limit: 2 });
+      const refused = [
+        [() => sem.resize('3'), /resize: limit must be a number, not string/],
+        [() => sem.addPermits(null), /addPermits: delta must be a number, not null/],
+        [() => sem.stats('5'), /stats: listed must be a number, not string/],
+        [() => sem.forceRelease(7), /forceRelease: holderId must be a string, not number/],
+        [() => client.semaphore(123, { limit: 1 }), /semaphore: name must be a string, not number/],
+        [() => client.inspect('wrong-types', NaN), /inspect: listed must be a number, not NaN/],
+        [() => client.resizeExisting(['wrong-types'], 3), /resizeExisting: name must be a string, not object/],
+      ];
+      for (const [f, message] of refused) {
+        await assert.rejects(f(), (e) => {
+          assert.ok(e instanceof redsem.InvalidArgumentError, String(e));
+          assert.match(e.message, message);
+          return true;
+        });
+      }
+      assert.equal((await client.inspect('wrong-types')).limit, 2, 'nothing changed');
+    });
+
     test('connect() without a URL takes $REDSEM_URL, else $REDIS_URL; a URL that is no string is refused', async () => {
       const saved = { REDSEM_URL: process.env.REDSEM_URL, REDIS_URL: process.env.REDIS_URL };
       try {
