@@ -90,6 +90,7 @@ pub struct Global {
 
     /// Run redsem's scripts with EVALSHA instead of its Redis Functions library (FCALL). Not
     /// needed to get them where the library cannot be used: redsem falls back by itself.
+    /// (`load-library` loads the library whatever it says: that is what it is for.)
     #[arg(
         long,
         env = "REDSEM_SCRIPTS_ONLY",
