@@ -20,6 +20,24 @@ async fn client_at(url: &str) -> Client {
         .unwrap()
 }
 
+/// A client through `proxy`, and its handle of `name` (limit 1) with `lease`, renewed every
+/// 300 ms.
+async fn open_through(
+    proxy: &FaultProxy,
+    name: &str,
+    lease: Duration,
+) -> (Client, redsem::Semaphore) {
+    let client = client_at(&proxy.url()).await;
+    let sem = client
+        .semaphore(name, 1)
+        .lease(lease)
+        .renew_every(Duration::from_millis(300))
+        .open()
+        .await
+        .unwrap();
+    (client, sem)
+}
+
 /// A long lease and renewal interval: waiters are renewed (and so polled) only every
 /// renewal interval (8 s), so prompt progress shows the notifier at work.
 fn rarely_polled(c: &Client, name: &str, fallback: Duration) -> redsem::SemaphoreBuilder {
@@ -233,15 +251,8 @@ async fn a_lost_notification_is_found_although_a_higher_class_queued_ahead() {
 async fn a_holder_survives_an_outage_shorter_than_its_lease_and_not_a_longer_one() {
     for server in servers() {
         let proxy = FaultProxy::start(server.addr());
-        let client = client_at(&proxy.url()).await;
         let lease = Duration::from_secs(3);
-        let sem = client
-            .semaphore("outage", 1)
-            .lease(lease)
-            .renew_every(Duration::from_millis(300))
-            .open()
-            .await
-            .unwrap();
+        let (_client, sem) = open_through(&proxy, "outage", lease).await;
         let held = sem.acquire().await.unwrap();
         let lost = held.lost();
 
@@ -328,14 +339,7 @@ async fn a_holder_lost_in_an_outage_keeps_its_slot_until_its_lease_ends_in_redis
     for server in servers() {
         let proxy = FaultProxy::start(server.addr());
         let lease = Duration::from_secs(5); // (margin: 500 ms)
-        let held_by = client_at(&proxy.url()).await;
-        let sem = held_by
-            .semaphore("kept", 1)
-            .lease(lease)
-            .renew_every(Duration::from_millis(300))
-            .open()
-            .await
-            .unwrap();
+        let (_held_by, sem) = open_through(&proxy, "kept", lease).await;
         let held = sem.acquire().await.unwrap();
         let id = server.cmd(&["HGET", &key("kept", "slots"), "0"]);
         let id = id.as_str().unwrap().to_owned();
