@@ -69,7 +69,9 @@ pub enum FaultKind {
     KeyLoss,
     /// A real failover to a replica that lags (chaos-managed, no Sentinel): the run's Redis
     /// has a replica that replicates through a link the runner controls. The runner waits
-    /// until the replica has every write so far (`WAIT`), black-holes the link, lets the
+    /// until the replica has every write so far (`WAIT`, and the replica follows the master's
+    /// current replication stream: not one still loading a full sync after a restart, whose
+    /// acknowledgements count in the old stream), black-holes the link, lets the
     /// master run on for less than one renewal interval, SIGKILLs it, drops what the link
     /// held, promotes the replica (`REPLICAOF NO ONE`), re-points every proxy (the workers',
     /// and the one the runner reads Redis through) at it, and brings the old master back,
